@@ -1,0 +1,45 @@
+"""`ditgate` command line: one module per subcommand in `ditgate.commands`.
+
+A command module defines `HELP` (one line), `register(parser)` (adds its arguments) and `main(args) -> int`.
+Modules import heavy libraries (torch, diffusers, cache-dit) inside `main`, so `ditgate --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from . import __version__, commands
+from .errors import DitgateError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ditgate", description="Check each phase of integrating a diffusion transformer into cache-dit.")
+    parser.add_argument("--version", action="version", version=f"ditgate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        name = getattr(module, "NAME", info.name)
+        child = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.register(child)
+        child.set_defaults(func=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except DitgateError as exc:
+        print(f"ditgate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ditgate: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

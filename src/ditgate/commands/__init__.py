@@ -1,0 +1,1 @@
+"""Subcommands of the `ditgate` CLI, one module each (see `ditgate.cli`)."""

@@ -1,0 +1,30 @@
+"""`ditgate zoo list | build NAME DIR`."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "list the offline tiny models, or build one into a folder"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="zoo_command", required=True, metavar="ACTION")
+    sub.add_parser("list", help="list the zoo models")
+    build = sub.add_parser("build", help="build a zoo model and save it with save_pretrained")
+    build.add_argument("name", help="zoo model name (see `ditgate zoo list`)")
+    build.add_argument("directory", help="folder to write; must be empty or absent unless --overwrite")
+    build.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    build.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+
+
+def main(args: argparse.Namespace) -> int:
+    from .. import zoo
+
+    if args.zoo_command == "list":
+        width = max(map(len, zoo.names()))
+        for model in zoo.ZOO.values():
+            print(f"zoo:{model.name:<{width}}  {model.pipeline:<18} {model.modality:<6} {model.summary}")
+        return 0
+    path = zoo.build(args.name, args.directory, seed=args.seed, overwrite=args.overwrite)
+    print(f"built zoo:{zoo.get(args.name).name} (seed {args.seed}) in {path}")
+    return 0

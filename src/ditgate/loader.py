@@ -1,0 +1,167 @@
+"""Load a diffusion pipeline from a local folder or a `zoo:NAME` spec, offline.
+
+The pipeline class comes from, in order: an explicit `pipeline="module:Class"`; the `_class_name` that
+`model_index.json` names (a diffusers class, or a `[module, Class]` pair from an importable third-party package).
+Code shipped inside the model folder runs only with `trust_remote_code=True`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from . import zoo
+from .errors import ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
+
+_BUILTIN_LIBRARIES = {None, "diffusers", "transformers"}
+_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+           "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def resolve(model: str | os.PathLike) -> Path:
+    """The local folder behind `model`: a zoo spec is built (once) into the zoo cache."""
+    if zoo.is_spec(model):
+        return zoo.materialize(str(model))
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelNotFoundError(f"model path {str(path)!r} does not exist (a zoo model is written zoo:NAME; "
+                                 f"known: {', '.join(zoo.names())})")
+    if not (path / "model_index.json").is_file():
+        raise NotAPipelineError(f"{path} has no model_index.json: give the folder of a whole diffusers pipeline "
+                                "(the one save_pretrained writes), not a single component")
+    return path
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / "model_index.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise NotAPipelineError(f"{path / 'model_index.json'} is not valid JSON: {exc}") from None
+
+
+def torch_dtype(dtype: Any):
+    """`torch.float32` for "float32"/"fp32"/torch.float32 and likewise for float16 and bfloat16."""
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = _DTYPES.get(str(dtype).lower().removeprefix("torch."))
+    if name is None:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(sorted(_DTYPES))}")
+    return getattr(torch, name)
+
+
+def _import_class(module_name: str, class_name: str, origin: str):
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PipelineClassError(f"cannot import module {module_name!r} for pipeline class {class_name!r} "
+                                 f"({origin}): {exc}") from exc
+    try:
+        return getattr(module, class_name)
+    except AttributeError:
+        raise PipelineClassError(f"module {module_name!r} has no class {class_name!r} ({origin})") from None
+
+
+def _import_file_class(file: Path, class_name: str):
+    spec = importlib.util.spec_from_file_location(f"ditgate_remote_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise PipelineClassError(f"executing {file} failed: {exc!r}") from exc
+    try:
+        return getattr(module, class_name)
+    except AttributeError:
+        raise PipelineClassError(f"{file} defines no class {class_name!r}") from None
+
+
+def _remote_files(path: Path, index: dict[str, Any]) -> list[Path]:
+    """Python files inside the model folder that loading `index` would execute."""
+    files = []
+    for key, value in index.items():
+        if key.startswith("_") or not isinstance(value, (list, tuple)) or len(value) != 2:
+            continue
+        library = value[0]
+        if library in _BUILTIN_LIBRARIES:
+            continue
+        for candidate in (path / key / f"{library}.py", path / f"{library}.py"):
+            if candidate.is_file() and importlib.util.find_spec(library.split(".")[0]) is None:
+                files.append(candidate)
+    return files
+
+
+def pipeline_class(path: Path, index: dict[str, Any], pipeline: str | None = None, trust_remote_code: bool = False):
+    """Resolve the pipeline class for the folder `path` (see the module docstring for the order)."""
+    if pipeline:
+        module_name, sep, class_name = pipeline.partition(":")
+        if not sep or not module_name or not class_name:
+            raise PipelineClassError(f"--pipeline must be written module:Class, got {pipeline!r}")
+        return _import_class(module_name, class_name, "given with --pipeline")
+    name = index.get("_class_name")
+    if isinstance(name, (list, tuple)) and len(name) == 2:
+        module_name, class_name = name
+        local = path / f"{module_name}.py"
+        if local.is_file() and importlib.util.find_spec(module_name) is None:
+            if not trust_remote_code:
+                raise RemoteCodeError(f"model_index.json names {class_name} from {local}, code inside the model "
+                                      "folder; read it, then pass --trust-remote-code to run it")
+            return _import_file_class(local, class_name)
+        return _import_class(module_name, class_name, "named in model_index.json")
+    if not isinstance(name, str) or not name:
+        raise PipelineClassError(f"{path / 'model_index.json'} names no pipeline class (_class_name)")
+    import diffusers
+
+    cls = getattr(diffusers, name, None)
+    if cls is None:
+        raise PipelineClassError(f"pipeline class {name!r} is not part of diffusers {diffusers.__version__}; if it "
+                                 "comes from a third-party package, pass --pipeline module:Class")
+    return cls
+
+
+@contextlib.contextmanager
+def _offline():
+    keys = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: "1" for k in keys})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = "cpu", *,
+         pipeline: str | None = None, trust_remote_code: bool = False, **kwargs):
+    """Load the pipeline at `model` (a folder or `zoo:NAME`) without touching the network.
+
+    `dtype` is a torch dtype or its name; `device` is where the pipeline is moved ("cpu", "cuda", "cuda:1", or
+    None to leave it); `pipeline` is a "module:Class" override; other keyword arguments go to `from_pretrained`.
+    """
+    path = resolve(model)
+    index = read_index(path)
+    remote = _remote_files(path, index)
+    if remote and not trust_remote_code:
+        raise RemoteCodeError(f"loading {path} would run code from the model folder ({', '.join(map(str, remote))});"
+                              " read it, then pass --trust-remote-code")
+    cls = pipeline_class(path, index, pipeline, trust_remote_code)
+    if not hasattr(cls, "from_pretrained"):
+        raise PipelineClassError(f"{cls.__module__}.{cls.__qualname__} has no from_pretrained; it is not a pipeline")
+    if trust_remote_code:
+        kwargs["trust_remote_code"] = True
+    with _offline():
+        pipe = cls.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True, **kwargs)
+    if device is not None:
+        pipe = pipe.to(device)
+    for component in getattr(pipe, "components", {}).values():
+        if hasattr(component, "eval"):
+            component.eval()
+    return pipe

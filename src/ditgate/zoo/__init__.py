@@ -1,0 +1,140 @@
+"""The offline model zoo: tiny, seeded, real diffusers pipelines.
+
+`zoo:NAME` is accepted wherever a model path is. The first use builds the model into the zoo cache
+(`$DITGATE_HOME/zoo`, default `~/.cache/ditgate/zoo`) with `save_pretrained`; every later use loads that folder
+through the same `from_pretrained(path)` call a real model goes through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import DitgateError, UnknownZooModelError
+from . import builders
+
+ZOO_PREFIX = "zoo:"
+ZOO_FORMAT = 1  # bump when a builder changes, so cached folders are rebuilt
+META_FILE = "ditgate.json"
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    pipeline: str
+    modality: str  # "image" | "video" | "audio"
+    summary: str
+    build: Callable[[int], Any] = field(repr=False)
+    call: dict[str, Any] = field(default_factory=dict)  # default pipeline call arguments
+
+
+ZOO: dict[str, ZooModel] = {
+    m.name: m
+    for m in [
+        ZooModel("flux", "FluxPipeline", "image",
+                 "FLUX.1 layout: 2 double + 4 single blocks, 4 heads; CLIP + T5; 128x128 -> 1024 tokens",
+                 builders.build_flux,
+                 {"prompt": "a tiny red cube on a table", "height": 128, "width": 128,
+                  "num_inference_steps": 8, "guidance_scale": 3.5, "max_sequence_length": 32}),
+        ZooModel("wan", "WanPipeline", "video",
+                 "Wan 2.1 T2V layout: 4 blocks, 4 heads; UMT5; 9 frames of 64x64 -> 48 tokens",
+                 builders.build_wan,
+                 {"prompt": "a tiny red cube spinning", "negative_prompt": "blurry", "height": 64, "width": 64,
+                  "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0, "max_sequence_length": 16}),
+        ZooModel("qwen-image", "QwenImagePipeline", "image",
+                 "Qwen-Image layout: 4 blocks, 4 heads; Qwen2.5-VL text encoder; true CFG (2 calls per step)",
+                 builders.build_qwen_image,
+                 {"prompt": "a tiny red cube on a table", "negative_prompt": "blurry", "height": 128, "width": 128,
+                  "num_inference_steps": 8, "true_cfg_scale": 2.0, "max_sequence_length": 64}),
+    ]
+}
+
+
+def names() -> list[str]:
+    return list(ZOO)
+
+
+def get(name: str) -> ZooModel:
+    if name.startswith(ZOO_PREFIX):
+        name = name[len(ZOO_PREFIX):]
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise UnknownZooModelError(f"no zoo model named {name!r}; known: {', '.join(ZOO)}") from None
+
+
+def is_spec(model: str | os.PathLike) -> bool:
+    return isinstance(model, str) and model.startswith(ZOO_PREFIX)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DITGATE_HOME", Path.home() / ".cache" / "ditgate")) / "zoo"
+
+
+def _fingerprint(model: ZooModel, seed: int) -> str:
+    import diffusers
+    import transformers
+
+    key = f"{ZOO_FORMAT}|{model.name}|{seed}|{diffusers.__version__}|{transformers.__version__}"
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
+    """Build and save `model` into a fresh hidden folder under `parent`; removed again on any failure."""
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.building.", dir=parent))
+    try:
+        model.build(seed).save_pretrained(staging, safe_serialization=True)
+        meta = {"zoo": model.name, "seed": seed, "modality": model.modality, "call": model.call,
+                "format": ZOO_FORMAT}
+        (staging / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def build(name: str, directory: str | os.PathLike, seed: int = 0, overwrite: bool = False) -> Path:
+    """Build zoo model `name` with `seed` into `directory`: the folder is complete, or left as it was."""
+    model = get(name)
+    target = Path(directory)
+    occupied = target.exists() and (not target.is_dir() or any(target.iterdir()))
+    if occupied and not overwrite:
+        raise DitgateError(f"{target} exists and is not empty; use --overwrite to replace it")
+    staging = _stage(model, seed, target.absolute().parent)
+    if target.exists():
+        old = staging.with_name(staging.name + ".old")
+        target.rename(old)
+        staging.rename(target)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    else:
+        staging.rename(target)
+    return target
+
+
+def materialize(spec: str, seed: int = 0) -> Path:
+    """Folder of zoo model `spec` in the cache, built on first use (safe when several processes race)."""
+    model = get(spec)
+    target = cache_root() / f"{model.name}-{_fingerprint(model, seed)}"
+    if (target / "model_index.json").is_file():
+        return target
+    staging = _stage(model, seed, target.parent)
+    try:
+        staging.rename(target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # another process published the same build first
+        if not (target / "model_index.json").is_file():
+            raise
+    return target
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """The zoo metadata (`ditgate.json`) of a model folder, or {} for a folder not built by the zoo."""
+    meta_path = Path(path) / META_FILE
+    return json.loads(meta_path.read_text()) if meta_path.is_file() else {}

@@ -1,0 +1,89 @@
+"""Seeded builders of tiny but real diffusers pipelines.
+
+Every weight comes from `torch.manual_seed`, every module is put in eval mode (T5's dropout would otherwise make two
+identical calls differ), and every width divides by 2 and 4 so that Ulysses, ring and tensor parallelism over 2 or
+4 ranks have something to split.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .tokenizers import QWEN_SPECIAL_TOKENS, clip_tokenizer, qwen2_tokenizer, t5_tokenizer
+
+
+def _seeded(seed: int, make):
+    torch.manual_seed(seed)
+    return make().eval()
+
+
+def build_flux(seed: int = 0):
+    """FluxPipeline: 2 double-stream + 4 single-stream blocks, 4 heads x 16, CLIP + T5 text encoders."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    d_text = 32
+    transformer = _seeded(seed, lambda: FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=2, num_single_layers=4, attention_head_dim=16,
+        num_attention_heads=4, joint_attention_dim=d_text, pooled_projection_dim=d_text, guidance_embeds=False,
+        axes_dims_rope=[4, 4, 8]))
+    clip = _seeded(seed + 1, lambda: CLIPTextModel(CLIPTextConfig(
+        bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=d_text, intermediate_size=64,
+        num_attention_heads=4, num_hidden_layers=2, vocab_size=600, projection_dim=d_text)))
+    t5 = _seeded(seed + 2, lambda: T5EncoderModel(T5Config(
+        vocab_size=256, d_model=d_text, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)))
+    vae = _seeded(seed + 3, lambda: AutoencoderKL(
+        sample_size=32, block_out_channels=(8, 16), down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2, layers_per_block=1, latent_channels=4, norm_num_groups=4,
+        use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035))
+    return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=clip,
+                        tokenizer=clip_tokenizer(), text_encoder_2=t5, tokenizer_2=t5_tokenizer(),
+                        transformer=transformer)
+
+
+def build_wan(seed: int = 0):
+    """WanPipeline (Wan 2.1 text-to-video): 4 blocks, 4 heads x 12, UMT5 encoder, causal 3-D VAE."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    transformer = _seeded(seed, lambda: WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=12, in_channels=16, out_channels=16,
+        text_dim=32, freq_dim=256, ffn_dim=32, num_layers=4, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32))
+    umt5 = _seeded(seed + 1, lambda: UMT5EncoderModel(UMT5Config(
+        vocab_size=256, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)))
+    vae = _seeded(seed + 2, lambda: AutoencoderKLWan(
+        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]))
+    return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5, vae=vae,
+                       scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer)
+
+
+def build_qwen_image(seed: int = 0):
+    """QwenImagePipeline: 4 blocks, 4 heads x 16, a tiny Qwen2.5-VL text encoder; true CFG (two calls per step)."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
+                           QwenImageTransformer2DModel)
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = qwen2_tokenizer()
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in QWEN_SPECIAL_TOKENS}
+    vocab_size = len(tokenizer) + 8
+    config = Qwen2_5_VLConfig(
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "num_key_value_heads": 4, "vocab_size": vocab_size, "bos_token_id": 0, "eos_token_id": 0,
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"}},
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,
+                       "out_hidden_size": 32},
+        hidden_size=32, vocab_size=vocab_size, vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|image_pad|>"])
+    text_encoder = _seeded(seed + 1, lambda: Qwen2_5_VLForConditionalGeneration(config))
+    transformer = _seeded(seed, lambda: QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=4, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=32, guidance_embeds=False, axes_dims_rope=(8, 4, 4)))
+    vae = _seeded(seed + 2, lambda: AutoencoderKLQwenImage(
+        base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+        latents_mean=[0.0] * 4, latents_std=[1.0] * 4))
+    return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+                             tokenizer=tokenizer, transformer=transformer)

@@ -1,0 +1,98 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import ditgate
+from ditgate import zoo
+
+
+def _generate(pipe, name, seed=0, steps=2):
+    call = dict(zoo.get(name).call, num_inference_steps=steps)
+    out = pipe(**call, generator=torch.Generator().manual_seed(seed), output_type="np")
+    return np.asarray(out.frames if hasattr(out, "frames") else out.images)
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_builds_saves_reloads_and_is_deterministic(name, tmp_path):
+    model = zoo.get(name)
+    built = model.build(0)
+    assert type(built).__name__ == model.pipeline
+    for component in built.components.values():
+        if isinstance(component, torch.nn.Module):
+            assert not component.training, f"{name}: a module is left in train mode"
+    path = zoo.build(name, tmp_path / name)
+    assert (path / "model_index.json").is_file()
+    meta = json.loads((path / zoo.META_FILE).read_text())
+    assert meta["zoo"] == name and meta["modality"] == model.modality
+
+    pipe = ditgate.load(path)
+    assert type(pipe).__name__ == model.pipeline
+    a = _generate(pipe, name, seed=0)
+    b = _generate(pipe, name, seed=0)
+    c = _generate(pipe, name, seed=1)
+    assert np.isfinite(a).all()
+    np.testing.assert_array_equal(a, b)  # same seed, same output, bit for bit
+    assert np.abs(a - c).max() > 1e-3  # another seed gives another output
+    np.testing.assert_allclose(a, _generate(built, name, seed=0), atol=1e-5)  # reload changes nothing (up to layout)
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_heads_and_default_sequence_divide_by_2_and_4(name):
+    pipe = ditgate.load(f"zoo:{name}")
+    config = pipe.transformer.config
+    assert config.num_attention_heads % 4 == 0
+    seen = []
+    handle = pipe.transformer.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs["hidden_states"].shape), with_kwargs=True)
+    _generate(pipe, name, steps=1)
+    handle.remove()
+    tokens = seen[0][1] if len(seen[0]) == 3 else int(np.prod(seen[0][2:]) // 4)  # Wan: (B, C, F, H, W), 2x2 patches
+    assert tokens % 4 == 0, tokens
+
+
+def test_different_weight_seeds_differ(tmp_path):
+    a = zoo.build("flux", tmp_path / "a", seed=0)
+    b = zoo.build("flux", tmp_path / "b", seed=1)
+    wa = ditgate.load(a).transformer.state_dict()
+    wb = ditgate.load(b).transformer.state_dict()
+    assert any(not torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_build_refuses_non_empty_folder_and_keeps_it(tmp_path):
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "precious.txt").write_text("keep me")
+    with pytest.raises(ditgate.errors.DitgateError, match="not empty"):
+        zoo.build("wan", target)
+    assert (target / "precious.txt").read_text() == "keep me"
+    zoo.build("wan", target, overwrite=True)
+    assert not (target / "precious.txt").exists() and (target / "model_index.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # no staging folder left behind
+
+
+def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
+    def broken(seed):
+        raise RuntimeError("builder broke")
+
+    monkeypatch.setitem(zoo.ZOO, "broken", zoo.ZooModel("broken", "FluxPipeline", "image", "", broken))
+    with pytest.raises(RuntimeError, match="builder broke"):
+        zoo.build("broken", tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_zoo_name_lists_known_ones():
+    with pytest.raises(ditgate.errors.UnknownZooModelError, match="known: flux"):
+        ditgate.load("zoo:nope")
+
+
+def test_zoo_cli(run_cli, tmp_path):
+    code, out, _ = run_cli("zoo", "list")
+    assert code == 0
+    for name in zoo.names():
+        assert f"zoo:{name}" in out
+    code, out, _ = run_cli("zoo", "build", "flux", tmp_path / "f")
+    assert code == 0 and (tmp_path / "f" / "model_index.json").is_file()
+    code, _, err = run_cli("zoo", "build", "flux", tmp_path / "f")
+    assert code == 2 and "not empty" in err
