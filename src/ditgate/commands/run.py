@@ -1,0 +1,84 @@
+"""`ditgate run MODEL`: the baseline and every integration phase, gated against the baseline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments shared by commands that load and run a model."""
+    parser.add_argument("model", help="model folder (with model_index.json) or zoo:NAME")
+    parser.add_argument("--pipeline", metavar="MODULE:CLASS", help="pipeline class, for models outside diffusers")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped in the model folder")
+    parser.add_argument("--height", type=int, help="image/video height (default: the zoo's or the pipeline's)")
+    parser.add_argument("--width", type=int, help="image/video width")
+    parser.add_argument("--frames", type=int, help="number of video frames")
+    parser.add_argument("--steps", type=int, help="denoising steps")
+    parser.add_argument("--prompt", help="prompt (default: the zoo's, or a fixed test prompt)")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16/bf16 or float16/fp16")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda when available)")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--rows", help="comma-separated row names (default: all); their baselines are added")
+    parser.add_argument("--rows-file", type=Path, help="YAML file of rows to use instead of the default rows")
+    parser.add_argument("--list-rows", action="store_true", help="print the rows and exit")
+    parser.add_argument("--integration", type=Path, metavar="FILE",
+                        help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
+    parser.add_argument("--out", type=Path, help="run folder (default: a new folder under runs/)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished rows")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds a parallel group may go without progress before it is killed (default 600)")
+    parser.add_argument("--warmup", type=int, default=0, help="untimed calls before the timed ones (default 0)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed calls; the median is reported (default 1)")
+    parser.add_argument("--json", action="store_true", help="print report.json instead of the table")
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_request(args: argparse.Namespace):
+    from .. import request, zoo
+    from ..loader import resolve
+
+    meta = zoo.read_meta(resolve(args.model))
+    return request.build(meta, prompt=args.prompt, height=args.height, width=args.width, frames=args.frames,
+                         steps=args.steps, seed=args.seed)
+
+
+def main(args: argparse.Namespace) -> int:
+    from .. import report as report_mod
+    from .. import rows as rows_mod
+    from ..runner import RunConfig, run
+
+    base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
+    chosen = rows_mod.select(base, args.rows)
+    if args.list_rows:
+        for row in chosen:
+            print(f"{row.name:<18} phase={row.phase or '-':<6} ranks={row.world_size} vs={row.baseline or '-':<15}"
+                  f" {row.description}")
+        return 0
+    if args.warmup < 0 or args.repeats < 1:
+        raise SystemExit("ditgate run: --warmup must be >= 0 and --repeats >= 1")
+    cfg = RunConfig(model=args.model, rows=chosen, request=build_request(args), out=args.out, dtype=args.dtype,
+                    device=resolve_device(args.device), integration=args.integration, pipeline=args.pipeline,
+                    trust_remote_code=args.trust_remote_code, timeout=args.timeout, resume=args.resume,
+                    warmup=args.warmup, repeats=args.repeats)
+    report = run(cfg)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(report_mod.markdown(report), end="")
+        print(f"\nreport: {Path(report['run_dir']) / 'report.md'}")
+    return 0 if report["passed"] else 1

@@ -1,0 +1,72 @@
+"""The few patches cache-dit 1.5.3 needs to run ring attention, TP, TE-P and VAE-P on CPU with gloo.
+
+Applied only in parallel workers on CPU, never on GPU, never elsewhere. Each patch names the failure it avoids;
+`tests/test_compat.py` checks every failure still happens without it (when one stops happening, delete the patch).
+
+1. ring attention asks for `aten::_scaled_dot_product_flash_attention` (for its log-sum-exp), which has no CPU kernel:
+   register one that calls `_scaled_dot_product_flash_attention_for_cpu`.
+2. TP / TE-P / VAE-P planners build their mesh from `torch.accelerator.current_accelerator().type`, and that is
+   None on a CPU-only machine: answer `cpu`.
+3. the ring merge calls a fused Triton/CuTe kernel that does not run on CPU: setting it to None selects
+   cache-dit's own PyTorch merge.
+4. Wan / Helios / LTX TP use a `DistributedRMSNorm` whose forward asserts the tensor is not on CPU: the same
+   computation without the assertion.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+_applied: list[str] = []
+_library = None  # keeps the aten registration alive
+RMSNORM_MODULES = ("wan", "helios", "ltx_video", "ltx2_video")
+
+
+def _flash_attention_for_cpu(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, scale=scale)
+    empty = q.new_empty(0)
+    return out, lse, empty, empty, 0, 0, empty, empty, empty
+
+
+def _distributed_rms_norm_forward(self, x):
+    mean_square = torch.mean(x * x, dim=-1, keepdim=True)
+    torch.distributed.all_reduce(mean_square, op=torch.distributed.ReduceOp.AVG, group=self.tp_mesh.get_group())
+    x = x / torch.sqrt(mean_square + self.eps)
+    return x * self.weight.to(x.device) if self.elementwise_affine else x
+
+
+def _cpu_accelerator(check_available: bool = False):
+    return torch.device("cpu")
+
+
+def apply_cpu_patches() -> list[str]:
+    """Apply the patches (once per process); returns their names."""
+    global _library
+    if _applied:
+        return list(_applied)
+    _library = torch.library.Library("aten", "IMPL")
+    _library.impl("_scaled_dot_product_flash_attention", _flash_attention_for_cpu, "CPU")
+    _applied.append("flash-attention-cpu-kernel")
+
+    if torch.accelerator.current_accelerator() is None:
+        torch.accelerator.current_accelerator = _cpu_accelerator
+        _applied.append("current-accelerator-cpu")
+
+    ring = importlib.import_module("cache_dit.distributed.core._templated_ring")
+    ring.fused_merge_attn_states = None
+    _applied.append("ring-merge-pytorch")
+
+    # Activate every planner before importing any planner module: cache-dit activates lazily only when its
+    # registry is empty, so an early import of one module would hide all the others.
+    from cache_dit.distributed.transformers.dispatch import (_ensure_cp_planners_activated,
+                                                             _ensure_tp_planners_activated)
+
+    _ensure_cp_planners_activated()
+    _ensure_tp_planners_activated()
+    for name in RMSNORM_MODULES:
+        module = importlib.import_module(f"cache_dit.distributed.transformers.{name}")
+        module.DistributedRMSNorm.forward = _distributed_rms_norm_forward
+    _applied.append("distributed-rmsnorm-cpu")
+    return list(_applied)

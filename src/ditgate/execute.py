@@ -1,0 +1,227 @@
+"""Run one row in this process (one rank of it under torchrun): load, apply the row, generate, record.
+
+Every row loads the pipeline afresh from disk: cache-dit's hooks and tensor-parallel weights cannot be taken off
+again reliably, and a fresh load keeps rows independent.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import request as request_mod
+from .errors import DitgateError
+from .loader import load
+from .plugin import Integration
+from .probes import Probes, sharded_weights, transformers_of
+from .request import Request
+from .rows import Row
+
+
+@dataclass
+class Outcome:
+    """What one row produced on this rank."""
+
+    output: np.ndarray  # decoded image (H,W,C), video (F,H,W,C) or audio (C,S); float32
+    modality: str
+    latents: np.ndarray | None
+    noise: np.ndarray | None
+    times: list[float]
+    peak_memory: dict[str, Any]
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def cache_config(row: Row, steps: int | None):
+    """cache_dit config objects for `row.cache`: (DBCacheConfig, calibrator config or None)."""
+    import cache_dit
+
+    fields = dict(row.cache or {})
+    mask = fields.pop("mask", None)
+    taylorseer = fields.pop("taylorseer", None)
+    if mask is not None:
+        if steps is None:
+            raise DitgateError(f"row {row.name!r}: a cache mask needs the step count (--steps)")
+        if mask == "alternate":  # compute the warm-up steps, then every other step, always the last one
+            warm = int(fields.get("max_warmup_steps", 2))
+            mask = [1 if i < warm or (i - warm) % 2 == 1 or i == steps - 1 else 0 for i in range(steps)]
+        if not isinstance(mask, list) or len(mask) != steps or set(mask) - {0, 1}:
+            raise DitgateError(f"row {row.name!r}: cache mask must be 'alternate' or {steps} zeros and ones")
+        fields.update(steps_computation_mask=mask, steps_computation_policy="static")
+    if steps is not None:
+        fields.setdefault("num_inference_steps", steps)
+    try:
+        config = cache_dit.DBCacheConfig(**fields)
+    except TypeError as exc:
+        raise DitgateError(f"row {row.name!r}: invalid cache field: {exc}") from None
+    calibrator = None
+    if taylorseer:
+        calibrator = cache_dit.TaylorSeerCalibratorConfig(taylorseer_order=int(taylorseer))
+    return config, calibrator
+
+
+def parallelism_config(row: Row):
+    import cache_dit
+
+    fields = dict(row.parallel or {})
+    extra = list(fields.pop("extra_parallel_modules", []))
+    if fields.pop("text_encoder", False):
+        extra.append("text_encoder")
+    if fields.pop("vae", False):
+        extra.append("vae")
+    try:
+        return cache_dit.ParallelismConfig(extra_parallel_modules=extra, **fields)
+    except (TypeError, AssertionError, ValueError) as exc:
+        raise DitgateError(f"row {row.name!r}: invalid parallel configuration: {exc}") from None
+
+
+def apply(row: Row, pipe, integration: Integration | None, steps: int | None):
+    """Apply the row's features to `pipe` in place; returns the object cache-dit was given (for summary/disable)."""
+    import cache_dit
+
+    if row.vae_tiling:
+        pipe.vae.enable_tiling()
+    if not row.cache and not row.parallel:
+        return None
+    target = pipe
+    if integration is not None and integration.block_adapter is not None:
+        target = integration.block_adapter(pipe)
+    cc, calibrator = cache_config(row, steps) if row.cache else (None, None)
+    pc = parallelism_config(row) if row.parallel else None
+    cache_dit.enable_cache(target, cache_config=cc, calibrator_config=calibrator, parallelism_config=pc)
+    return target
+
+
+def _device_for_rank(device: str, local_rank: int) -> str:
+    if device.startswith("cuda") and ":" not in device:
+        return f"cuda:{local_rank}"
+    return device
+
+
+def _peak_memory(device: str) -> dict[str, Any]:
+    if device.startswith("cuda"):
+        return {"kind": "cuda-max-allocated", "bytes": int(torch.cuda.max_memory_allocated(device))}
+    # ru_maxrss is in KiB on Linux: the peak resident set of this process since it started
+    return {"kind": "cpu-process-peak-rss", "bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+def _decoded(out) -> tuple[np.ndarray, str]:
+    for attr, modality in (("frames", "video"), ("audios", "audio"), ("images", "image")):
+        value = getattr(out, attr, None)
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            value = value.detach().float().cpu().numpy()
+        elif isinstance(value, list):  # PIL images
+            value = np.stack([np.asarray(v, dtype=np.float32) / 255.0 for v in value])
+        return np.asarray(value, dtype=np.float32)[0], modality
+    raise DitgateError(f"pipeline output {type(out).__name__} has no images, frames or audios")
+
+
+def generate(pipe, request: Request, probes: Probes):
+    kwargs = request_mod.call_kwargs(pipe, request)
+    params = inspect.signature(type(pipe).__call__).parameters
+    if "callback_on_step_end" in params:
+        kwargs["callback_on_step_end"] = probes.step_callback
+        if "callback_on_step_end_tensor_inputs" in params:
+            kwargs["callback_on_step_end_tensor_inputs"] = ["latents"]
+    if "output_type" in params:
+        kwargs["output_type"] = "np"
+    generator = torch.Generator("cpu").manual_seed(request.seed)
+    with torch.inference_mode():
+        return pipe(**kwargs, generator=generator)
+
+
+def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float32", device: str = "cpu",
+            integration: Integration | None = None, warmup: int = 0, repeats: int = 1, local_rank: int = 0,
+            pipeline: str | None = None, trust_remote_code: bool = False, on_stage=None) -> Outcome:
+    """Load the model, apply `row`, generate `warmup + repeats` times; the last call's outputs are kept."""
+    stage = on_stage or (lambda name: None)
+    device = _device_for_rank(device, local_rank)
+    stage("load")
+    pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
+    if integration is not None:
+        integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
+    stage("apply")
+    target = apply(row, pipe, integration, request.steps)
+    probes = Probes()
+    times: list[float] = []
+    try:
+        for i in range(warmup + repeats):
+            stage("generate")
+            probes.detach()
+            probes = Probes().attach(pipe)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize(device)
+                if i == warmup:
+                    torch.cuda.reset_peak_memory_stats(device)
+            start = time.perf_counter()
+            out = generate(pipe, request, probes)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize(device)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        probes.detach()
+        output, modality = _decoded(out)
+        facts = probes.facts(request.steps)
+        facts["cache"] = _cache_stats(target) if row.cache else None
+        facts["sharded"] = {name: sharded_weights(module) for name, module in _components(pipe).items()
+                            if row.parallel}
+        return Outcome(output=output, modality=modality,
+                       latents=None if probes.latents is None else probes.latents.numpy(),
+                       noise=None if probes.noise is None else probes.noise.numpy(),
+                       times=times, peak_memory=_peak_memory(device), facts=facts)
+    finally:
+        probes.detach()
+        if target is not None and row.cache:
+            import cache_dit
+
+            cache_dit.disable_cache(target)  # cache-dit patches the pipeline class; take that back off
+        del pipe
+        gc.collect()
+
+
+def _components(pipe) -> dict[str, torch.nn.Module]:
+    return {k: v for k, v in getattr(pipe, "components", {}).items() if isinstance(v, torch.nn.Module)}
+
+
+def _cache_stats(target) -> list[dict[str, Any]]:
+    import cache_dit
+
+    stats = []
+    for s in cache_dit.summary(target, logging=False):
+        stats.append({"cached_steps": [int(x) for x in s.cached_steps],
+                      "cfg_cached_steps": [int(x) for x in s.cfg_cached_steps],
+                      "residual_diffs": {str(k): float(v) for k, v in s.residual_diffs.items()}})
+    return stats
+
+
+def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
+    """Store a finished row in the run folder; returns its result record."""
+    from . import store
+
+    result = {
+        "name": row.name, "fingerprint": row.fingerprint(), "row": row.to_dict(), "status": "ok",
+        "modality": outcome.modality, "times": outcome.times,
+        "latency_s": float(np.median(outcome.times)) if outcome.times else None,
+        "peak_memory": outcome.peak_memory, "facts": outcome.facts,
+    }
+    store.save_row(run_dir, row.name, result,
+                   {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise})
+    return result
+
+
+def save_error(run_dir: Path, row: Row, error: dict[str, Any]) -> dict[str, Any]:
+    from . import store
+
+    result = {"name": row.name, "fingerprint": row.fingerprint(), "row": row.to_dict(), "status": "error",
+              "error": error}
+    store.save_row(run_dir, row.name, result, {})
+    return result

@@ -1,0 +1,100 @@
+"""Integration plugins: a plain Python file for a model cache-dit does not know yet.
+
+`ditgate run MODEL --integration FILE` imports FILE, which may define any of:
+
+    def block_adapter(pipe) -> cache_dit.BlockAdapter
+        The blocks to cache and their ForwardPattern (cache rows use it instead of cache-dit's registry).
+    def cp_plan(transformer, parallelism_config) -> dict
+        The context-parallel plan in cache-dit's format: module path -> _ContextParallelInput(s) / _ContextParallelOutput.
+        It may also patch the model (e.g. an attention processor) before returning the plan.
+    def tp_plan(transformer, tp_mesh, parallelism_config) -> list[dict]
+        Shards the transformer in place (torch.distributed.tensor.parallel.parallelize_module, shard_div_attr, ...)
+        and returns the layer plans it applied, as cache-dit's TensorParallelismPlanner._apply does.
+
+`cp_plan` and `tp_plan` are registered as cache-dit planners for the transformer's class, ahead of any planner
+cache-dit already has for it; the code moves into cache-dit unchanged as a planner's `_apply`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import DitgateError
+
+HOOKS = ("block_adapter", "cp_plan", "tp_plan")
+
+
+class PluginError(DitgateError):
+    """The integration file cannot be used."""
+
+
+@dataclass
+class Integration:
+    path: Path
+    block_adapter: Callable | None = None
+    cp_plan: Callable | None = None
+    tp_plan: Callable | None = None
+
+    def register_planners(self, class_names: list[str]) -> None:
+        """Make cache-dit use this file's CP/TP plans for transformers of these classes (in this process)."""
+        if self.cp_plan is not None:
+            from cache_dit.distributed.transformers.dispatch import _ensure_cp_planners_activated
+            from cache_dit.distributed.transformers.register import (ContextParallelismPlanner,
+                                                                      ContextParallelismPlannerRegister)
+
+            _ensure_cp_planners_activated()  # first, or cache-dit's lazy activation would skip its own planners
+            plan = self.cp_plan
+
+            class PluginCPPlanner(ContextParallelismPlanner):
+                def _apply(self, transformer=None, parallelism_config=None, **kwargs):
+                    return plan(transformer, parallelism_config)
+
+            _put_first(ContextParallelismPlannerRegister, "_cp_planner_registry", class_names, PluginCPPlanner)
+        if self.tp_plan is not None:
+            from cache_dit.distributed.transformers.dispatch import _ensure_tp_planners_activated
+            from cache_dit.distributed.transformers.register import (TensorParallelismPlanner,
+                                                                      TensorParallelismPlannerRegister)
+
+            _ensure_tp_planners_activated()
+            shard = self.tp_plan
+
+            class PluginTPPlanner(TensorParallelismPlanner):
+                def _apply(self, transformer, parallelism_config, **kwargs):
+                    layer_plans = shard(transformer, self.mesh(parallelism_config), parallelism_config)
+                    return transformer, list(layer_plans or [])
+
+            _put_first(TensorParallelismPlannerRegister, "_tp_planner_registry", class_names, PluginTPPlanner)
+
+
+def _put_first(register: type, attribute: str, names: list[str], planner: type) -> None:
+    old = getattr(register, attribute)
+    new = {name: planner for name in names}
+    new.update((k, v) for k, v in old.items() if k not in new)
+    old.clear()
+    old.update(new)  # same dict object: cache-dit's code holds no other reference, but keep it anyway
+
+
+def load(path: str | Path | None) -> Integration | None:
+    if path is None:
+        return None
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise PluginError(f"integration file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"ditgate_integration_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise PluginError(f"importing integration file {path} failed: {exc!r}") from exc
+    hooks: dict[str, Any] = {name: getattr(module, name, None) for name in HOOKS}
+    for name, value in hooks.items():
+        if value is not None and not callable(value):
+            raise PluginError(f"{path}: {name} must be a function")
+    if not any(hooks.values()):
+        raise PluginError(f"{path} defines none of {', '.join(HOOKS)}")
+    return Integration(path=path, **hooks)

@@ -1,0 +1,124 @@
+"""Hooks that record what a run really did, without changing it.
+
+They prove that a feature acted: how often the last block of each block list ran (cache skips blocks), the
+sequence length entering the first block (context parallelism divides it), how many transformer calls a step
+makes, how often the VAE decoder ran (VAE parallelism splits tiles), the initial noise and the final latents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+def block_lists(module: torch.nn.Module) -> dict[str, torch.nn.ModuleList]:
+    """Direct ModuleList children of `module` whose items all share one class: the transformer's block lists."""
+    found = {}
+    for name, child in module.named_children():
+        if isinstance(child, torch.nn.ModuleList) and len(child) > 0 and len({type(b) for b in child}) == 1:
+            found[name] = child
+    return found
+
+
+def transformers_of(pipe) -> dict[str, torch.nn.Module]:
+    """Transformer components of a pipeline: `transformer`, `transformer_2`, ... (those that are set)."""
+    comps = getattr(pipe, "components", {})
+    return {k: v for k, v in comps.items() if k.startswith("transformer") and isinstance(v, torch.nn.Module)}
+
+
+def _first_tensor(args, kwargs) -> torch.Tensor | None:
+    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        return kwargs["hidden_states"]
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+@dataclass
+class Probes:
+    """Counters and captures of one pipeline call; `facts()` is what gets stored in the row result."""
+
+    last_block_calls: dict[str, int] = field(default_factory=dict)
+    block_seq_len: dict[str, int] = field(default_factory=dict)
+    transformer_calls: int = 0
+    decoder_calls: int = 0
+    noise: torch.Tensor | None = None
+    latents: torch.Tensor | None = None
+    _handles: list = field(default_factory=list)
+
+    def attach(self, pipe) -> "Probes":
+        for tname, transformer in transformers_of(pipe).items():
+            self._handles.append(transformer.register_forward_pre_hook(self._on_transformer, with_kwargs=True))
+            for lname, blocks in block_lists(transformer).items():
+                key = f"{tname}.{lname}"
+                self.last_block_calls[key] = 0
+                self._handles.append(blocks[-1].register_forward_hook(self._counter(key)))
+                self._handles.append(blocks[0].register_forward_pre_hook(self._seq_len(key), with_kwargs=True))
+        decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
+        if isinstance(decoder, torch.nn.Module):
+            self._handles.append(decoder.register_forward_hook(self._on_decoder))
+        return self
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _on_transformer(self, module, args, kwargs):
+        self.transformer_calls += 1
+        if self.noise is None:
+            first = _first_tensor(args, kwargs)
+            if first is not None:
+                self.noise = first.detach().float().cpu().clone()
+
+    def _counter(self, key):
+        def hook(module, args, output):
+            self.last_block_calls[key] += 1
+        return hook
+
+    def _seq_len(self, key):
+        def hook(module, args, kwargs):
+            first = _first_tensor(args, kwargs)
+            if first is not None and first.dim() >= 2 and key not in self.block_seq_len:
+                self.block_seq_len[key] = int(first.shape[1])
+        return hook
+
+    def _on_decoder(self, module, args, output):
+        self.decoder_calls += 1
+
+    def step_callback(self, pipe, step: int, timestep, callback_kwargs: dict[str, Any]):
+        """For `callback_on_step_end`: keeps the latents after the last step."""
+        latents = callback_kwargs.get("latents")
+        if isinstance(latents, torch.Tensor):
+            self.latents = latents.detach().float().cpu().clone()
+        return callback_kwargs
+
+    def facts(self, steps: int | None) -> dict[str, Any]:
+        return {
+            "last_block_calls": dict(self.last_block_calls),
+            "block_seq_len": dict(self.block_seq_len),
+            "transformer_calls": self.transformer_calls,
+            "calls_per_step": (self.transformer_calls / steps) if steps else None,
+            "decoder_calls": self.decoder_calls,
+        }
+
+
+def sharded_weights(module: torch.nn.Module) -> dict[str, Any]:
+    """DTensor parameters of `module` and whether each local shard is its share of the global tensor."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    sharded, wrong = 0, []
+    for name, param in module.named_parameters():
+        if not isinstance(param, DTensor):
+            continue
+        for dim_placement, mesh_size in zip(param.placements, param.device_mesh.shape):
+            if isinstance(dim_placement, Shard):
+                sharded += 1
+                dim = dim_placement.dim
+                expected = -(-param.shape[dim] // mesh_size)
+                if param.to_local().shape[dim] not in (expected, param.shape[dim] // mesh_size):
+                    wrong.append(name)
+    return {"sharded": sharded, "wrong_size": wrong}

@@ -1,0 +1,193 @@
+"""The report of a run: report.json (schema-checked), report.md (the results table) and grid.png.
+
+The grid shows the baseline and every row side by side, and under each row the difference from the row it is
+compared with, amplified so that an error of 1/AMPLIFY of the range is full white.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__, store
+from .paths import checklists_dir
+
+AMPLIFY = 10.0
+SCHEMA = "report.schema.json"
+
+
+def _status(state) -> str:
+    if not state.result or state.result.get("status") != "ok":
+        return "error"
+    if state.row.phase is None:
+        return "reference"
+    return "passed" if state.passed else "failed"
+
+
+def _row_record(state, baseline_latency: float | None) -> dict[str, Any]:
+    result = state.result or {}
+    latency = result.get("latency_s")
+    metrics = (state.verdict or {}).get("metrics", {})
+    return {
+        "name": state.row.name,
+        "phase": state.row.phase,
+        "baseline": state.row.baseline,
+        "description": state.row.description,
+        "world_size": state.row.world_size,
+        "config": {"cache": state.row.cache, "parallel": state.row.parallel, "vae_tiling": state.row.vae_tiling},
+        "status": _status(state),
+        "modality": result.get("modality"),
+        "latency_s": latency,
+        "speedup": (baseline_latency / latency) if latency and baseline_latency else None,
+        "peak_memory_bytes": (result.get("peak_memory") or {}).get("bytes"),
+        "peak_memory_kind": (result.get("peak_memory") or {}).get("kind"),
+        "metrics": metrics,
+        "verdict": state.verdict,
+        "proofs": state.proofs,
+        "reasons": state.reasons,
+        "facts": result.get("facts"),
+        "error": result.get("error"),
+        "resumed": bool(result.get("resumed")),
+    }
+
+
+def build(run_dir: Path, cfg, states: list, wall_s: float | None = None) -> dict[str, Any]:
+    base = next((s for s in states if s.row.name == "baseline"), None)
+    base_latency = (base.result or {}).get("latency_s") if base else None
+    rows = [_row_record(s, base_latency) for s in states]
+    run_info = json.loads((run_dir / "run.json").read_text())
+    return {
+        "ditgate": __version__,
+        "run_dir": str(run_dir),
+        "model": run_info["model"],
+        "request": run_info["request"],
+        "dtype": run_info["dtype"],
+        "device": run_info["device"],
+        "integration": run_info.get("integration"),
+        "versions": run_info["versions"],
+        "passed": all(r["status"] in ("passed", "reference") for r in rows),
+        "wall_s": wall_s,
+        "rows": rows,
+    }
+
+
+def validate(report: dict[str, Any]) -> None:
+    import jsonschema
+
+    schema = json.loads((checklists_dir() / SCHEMA).read_text())
+    jsonschema.validate(json.loads(json.dumps(report, default=str)), schema)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and np.isinf(value):
+        return "inf"
+    return format(value, spec)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    call = report["request"]["call"]
+    size = "x".join(str(call[k]) for k in ("num_frames", "height", "width") if k in call)
+    lines = [
+        f"# ditgate run: {report['model']}",
+        "",
+        f"- verdict: **{'PASS' if report['passed'] else 'FAIL'}**",
+        f"- size {size or 'pipeline default'}, {call.get('num_inference_steps', '?')} steps, seed "
+        f"{report['request']['seed']}, {report['dtype']} on {report['device']}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+        f"- wall time {_fmt(report.get('wall_s'), '.1f')} s",
+        "",
+        "| row | phase | ranks | latency (s) | speedup | PSNR (dB) | SSIM | worst tile SSIM | max-abs (latents) | peak memory (MiB) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        m = r["metrics"] or {}
+        psnr = m.get("psnr", m.get("psnr_frame_min"))
+        ssim = m.get("ssim", m.get("ssim_frame_min"))
+        mem = r["peak_memory_bytes"] / 2**20 if r["peak_memory_bytes"] else None
+        lines.append(
+            f"| {r['name']} | {r['phase'] or 'reference'} | {r['world_size']} | {_fmt(r['latency_s'], '.3f')} | "
+            f"{_fmt(r['speedup'], '.2f')} | {_fmt(psnr, '.2f')} | {_fmt(ssim, '.4f')} | "
+            f"{_fmt(m.get('worst_tile_ssim'), '.4f')} | {_fmt(m.get('max_abs'), '.2e')} | {_fmt(mem, '.0f')} | "
+            f"{r['status'].upper()} |")
+    failures = [r for r in report["rows"] if r["reasons"]]
+    if failures:
+        lines += ["", "## Why rows failed", ""]
+        for r in failures:
+            lines += [f"- **{r['name']}**: " + "; ".join(r["reasons"])]
+    proofs = [(r["name"], p) for r in report["rows"] for p in r["proofs"]]
+    if proofs:
+        lines += ["", "## What each feature did", ""]
+        lines += [f"- {name} / {p['feature']}: {'ok' if p['passed'] else 'FAILED'} — {p['detail']}" for name, p in proofs]
+    mem_kinds = {r["peak_memory_kind"] for r in report["rows"] if r["peak_memory_kind"]}
+    if "cpu-process-peak-rss" in mem_kinds:
+        lines += ["", "Peak memory on CPU is the peak resident set of the process that ran the row."]
+    lines += ["", "![baseline, rows and amplified differences](grid.png)" if report.get("grid") else ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _picture(array: np.ndarray | None, modality: str) -> np.ndarray | None:
+    if array is None or modality == "audio":
+        return None
+    if modality == "video":
+        array = array[len(array) // 2]
+    array = np.nan_to_num(np.asarray(array, dtype=np.float32))
+    if array.ndim == 2:
+        array = np.repeat(array[..., None], 3, axis=-1)
+    return np.clip(array, 0, 1)
+
+
+def grid(run_dir: Path, report: dict[str, Any]) -> Path | None:
+    """grid.png: top line the outputs, bottom line |row - its baseline| x AMPLIFY; None when nothing is drawable."""
+    from PIL import Image, ImageDraw
+
+    cells = []
+    for r in report["rows"]:
+        if r["status"] == "error":
+            continue
+        modality = r["modality"] or "image"
+        out = _picture(store.load_array(run_dir, r["name"], "output"), modality)
+        if out is None:
+            continue
+        ref = _picture(store.load_array(run_dir, r["baseline"], "output"), modality) if r["baseline"] else None
+        diff = np.clip(np.abs(out - ref) * AMPLIFY, 0, 1) if ref is not None and ref.shape == out.shape else None
+        cells.append((r["name"], r["status"], out, diff))
+    if not cells:
+        return None
+    h, w = cells[0][2].shape[:2]
+    scale = max(1, 160 // max(h, w))
+    ch, cw, label = h * scale, w * scale, 16
+    canvas = Image.new("RGB", (cw * len(cells), 2 * (ch + label)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for i, (name, status, out, diff) in enumerate(cells):
+        x = i * cw
+        colour = {"passed": (0, 120, 0), "failed": (200, 0, 0)}.get(status, (0, 0, 0))
+        draw.text((x + 2, 2), name[: cw // 6], fill=colour)
+        for j, image in enumerate((out, diff)):
+            if image is None or image.shape[:2] != (h, w):
+                continue
+            tile = Image.fromarray((image * 255).round().astype(np.uint8)).resize((cw, ch), Image.NEAREST)
+            canvas.paste(tile, (x, label + j * (ch + label)))
+        if diff is not None:
+            draw.text((x + 2, ch + label + 2), f"|diff| x{AMPLIFY:g}", fill=(0, 0, 0))
+    path = run_dir / "grid.png"
+    tmp = run_dir / ".grid.png.tmp"
+    canvas.save(tmp, format="PNG")
+    tmp.replace(path)
+    return path
+
+
+def write(run_dir: Path, cfg, states: list, wall_s: float | None = None) -> dict[str, Any]:
+    report = build(run_dir, cfg, states, wall_s)
+    picture = grid(run_dir, report)
+    report["grid"] = str(picture.name) if picture else None
+    validate(report)
+    store.write_json(run_dir / "report.json", report)
+    store.write_text(run_dir / "report.md", markdown(report))
+    return report

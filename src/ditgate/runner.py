@@ -1,0 +1,279 @@
+"""The phase runner: the baseline and every row, on real cache-dit, compared, gated and reported.
+
+Single-process rows run in this process, one after the other. Rows of one world size share one torchrun worker
+group, so imports are paid once per size. A row that crashes or hangs ends its group; the report records the
+rank and its error, and the group is started again for the rows after it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import store
+from .errors import DitgateError
+from .request import Request
+from .rows import Row
+
+
+class RunFolderError(DitgateError):
+    """The run folder cannot be used (exists without --resume, or belongs to another run)."""
+
+
+@dataclass
+class RunConfig:
+    model: str
+    rows: list[Row]
+    request: Request
+    out: Path | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    integration: Path | None = None
+    pipeline: str | None = None
+    trust_remote_code: bool = False
+    timeout: float = 600.0
+    resume: bool = False
+    warmup: int = 0
+    repeats: int = 1
+
+
+@dataclass
+class RowState:
+    row: Row
+    result: dict[str, Any] | None = None
+    verdict: dict[str, Any] | None = None
+    proofs: list[dict[str, Any]] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def ran(self) -> bool:
+        return bool(self.result) and self.result.get("status") == "ok"
+
+    @property
+    def passed(self) -> bool:
+        if not self.ran:
+            return False
+        if self.row.phase is None:
+            return True
+        return bool(self.verdict and self.verdict["passed"]) and all(p["passed"] for p in self.proofs)
+
+
+def _versions() -> dict[str, str]:
+    import cache_dit
+    import diffusers
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "diffusers": diffusers.__version__,
+            "transformers": transformers.__version__, "cache_dit": cache_dit.__version__,
+            "python": sys.version.split()[0]}
+
+
+def default_out(model: str) -> Path:
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(str(model).removeprefix("zoo:")).name).strip("-") or "model"
+    return Path("runs") / f"{stem}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _prepare_folder(cfg: RunConfig, model_path: Path) -> Path:
+    run_dir = Path(cfg.out) if cfg.out else default_out(cfg.model)
+    identity = {"model": cfg.model, "model_path": str(model_path), "request": cfg.request.to_dict(),
+                "dtype": cfg.dtype, "device": cfg.device,
+                "integration": str(cfg.integration) if cfg.integration else None}
+    run_file = run_dir / "run.json"
+    if run_file.is_file():
+        if not cfg.resume:
+            raise RunFolderError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out")
+        previous = json.loads(run_file.read_text())
+        changed = [k for k, v in identity.items() if previous.get(k) != v]
+        if changed:
+            raise RunFolderError(f"cannot resume {run_dir}: {', '.join(changed)} differ from the run it holds")
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise RunFolderError(f"{run_dir} exists and is not a ditgate run folder")
+    store.write_json(run_file, identity | {"versions": _versions(), "rows": [r.to_dict() for r in cfg.rows]})
+    return run_dir
+
+
+def _done(run_dir: Path, row: Row, resume: bool) -> dict[str, Any] | None:
+    if not resume:
+        return None
+    result = store.load_result(run_dir, row.name)
+    if result and result.get("status") == "ok" and result.get("fingerprint") == row.fingerprint():
+        return result
+    return None
+
+
+def preflight(cfg: RunConfig, model_path: Path, row: Row) -> str | None:
+    """Why `row` cannot run here, said before loading any weights; None when it can."""
+    if cfg.device.startswith("cuda"):
+        import torch
+
+        have = torch.cuda.device_count()
+        if row.world_size > have:
+            return f"needs {row.world_size} GPUs, this machine has {have}"
+    if row.tp_size > 1:
+        config_file = model_path / "transformer" / "config.json"
+        if config_file.is_file():
+            heads = json.loads(config_file.read_text()).get("num_attention_heads")
+            if isinstance(heads, int) and heads % row.tp_size:
+                return (f"the transformer has {heads} attention heads, which {row.tp_size} tensor-parallel ranks "
+                        "do not divide")
+    return None
+
+
+class Runner:
+    def __init__(self, cfg: RunConfig, progress: Callable[[str], None] | None = None):
+        from .loader import resolve
+
+        self.cfg = cfg
+        self.model_path = resolve(cfg.model)
+        self.run_dir = _prepare_folder(cfg, self.model_path)
+        self.states = {row.name: RowState(row) for row in cfg.rows}
+        self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._finished = 0
+        self._start = time.perf_counter()
+
+    # -- running -------------------------------------------------------------------------------------------------
+    def _announce(self, state: RowState) -> None:
+        self._finished += 1
+        r = state.result or {}
+        if r.get("status") == "ok":
+            what = f"{r['latency_s']:.2f} s" if r.get("latency_s") is not None else "ok"
+        else:
+            what = "ERROR " + (r.get("error", {}).get("message", "")[:100])
+        self.progress(f"[{self._finished}/{len(self.states)}] {state.row.name:<18} {state.row.world_size} rank(s)  {what}")
+
+    def _record(self, state: RowState, result: dict[str, Any]) -> None:
+        state.result = result
+        self._announce(state)
+
+    def _error(self, row: Row, message: str, **extra: Any) -> None:
+        from .execute import save_error
+
+        self._record(self.states[row.name], save_error(self.run_dir, row, {"message": message, **extra}))
+
+    def run(self) -> dict[str, Any]:
+        pending = []
+        for row in self.cfg.rows:
+            done = _done(self.run_dir, row, self.cfg.resume)
+            if done:
+                self._record(self.states[row.name], done | {"resumed": True})
+                continue
+            reason = preflight(self.cfg, self.model_path, row)
+            if reason:
+                self._error(row, f"not run: {reason}", preflight=True)
+                continue
+            pending.append(row)
+        for row in [r for r in pending if r.world_size == 1]:
+            self._run_in_process(row)
+        for size in sorted({r.world_size for r in pending if r.world_size > 1}):
+            self._run_group([r for r in pending if r.world_size == size], size)
+        return self.finish()
+
+    def _run_in_process(self, row: Row) -> None:
+        from . import plugin
+        from .execute import run_row, save_outcome
+
+        try:
+            outcome = run_row(row, self.model_path, self.cfg.request, dtype=self.cfg.dtype, device=self.cfg.device,
+                              integration=plugin.load(self.cfg.integration), warmup=self.cfg.warmup,
+                              repeats=self.cfg.repeats, pipeline=self.cfg.pipeline,
+                              trust_remote_code=self.cfg.trust_remote_code)
+        except Exception as exc:  # noqa: BLE001 - recorded in the report
+            self._error(row, f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), rank=0)
+            return
+        self._record(self.states[row.name], save_outcome(self.run_dir, row, outcome))
+
+    def _run_group(self, rows: list[Row], size: int) -> None:
+        from .launch import run_group
+
+        remaining = list(rows)
+        attempt = 0
+        while remaining:
+            attempt += 1
+            job = {"model_path": str(self.model_path), "request": self.cfg.request.to_dict(),
+                   "rows": [r.to_dict() for r in remaining], "dtype": self.cfg.dtype, "device": self.cfg.device,
+                   "integration": str(self.cfg.integration) if self.cfg.integration else None,
+                   "pipeline": self.cfg.pipeline, "trust_remote_code": self.cfg.trust_remote_code,
+                   "warmup": self.cfg.warmup, "repeats": self.cfg.repeats, "run_dir": str(self.run_dir),
+                   "group_dir": str(self.run_dir / "groups" / f"world{size}-{attempt}")}
+            seen: set[str] = set()
+
+            def poll() -> None:
+                for row in remaining:
+                    if row.name not in seen and (result := store.load_result(self.run_dir, row.name)):
+                        seen.add(row.name)
+                        self._record(self.states[row.name], result)
+
+            outcome = run_group(job, size, timeout=self.cfg.timeout, on_poll=poll)
+            poll()
+            left = [r for r in remaining if r.name not in seen]
+            if outcome.ok or not left:
+                if left:  # torchrun ended cleanly without these rows: should not happen, but never hide it
+                    for row in left:
+                        self._error(row, f"the worker group ended without a result: {outcome.describe()}")
+                return
+            failed_name = self._failed_row(outcome, left)
+            message = outcome.describe()
+            detail = {"ranks": outcome.errors, "stages": outcome.stages, "timed_out": outcome.timed_out,
+                      "log_tail": outcome.log_tail}
+            if failed_name is None:  # the group failed before any row: every row fails with it
+                for row in left:
+                    self._error(row, message, **detail)
+                return
+            failed = next(r for r in left if r.name == failed_name)
+            self._error(failed, message, **detail)
+            remaining = left[left.index(failed) + 1:]
+
+    @staticmethod
+    def _failed_row(outcome, left: list[Row]) -> str | None:
+        names = {r.name for r in left}
+        for record in sorted(outcome.errors, key=lambda e: e.get("time", 0)) + outcome.stages:
+            if record.get("row") in names:
+                return record["row"]
+        return None
+
+    # -- judging and reporting -------------------------------------------------------------------------------------
+    def finish(self) -> dict[str, Any]:
+        from . import report
+
+        for state in self.states.values():
+            self._judge(state)
+        return report.write(self.run_dir, self.cfg, list(self.states.values()),
+                            wall_s=round(time.perf_counter() - self._start, 2))
+
+    def _judge(self, state: RowState) -> None:
+        from . import proofs
+        from .gates import evaluate
+
+        row = state.row
+        if row.phase is None or not state.ran:
+            if state.result and state.result.get("status") == "error":
+                state.reasons.append(state.result["error"]["message"])
+            return
+        base = self.states.get(row.baseline)
+        if base is None or not base.ran:
+            state.reasons.append(f"its baseline row {row.baseline!r} did not run")
+            return
+        load = lambda name, key: store.load_array(self.run_dir, name, key)  # noqa: E731
+        latents = (load(base.row.name, "latents"), load(row.name, "latents"))
+        verdict = evaluate(row.phase, state.result["modality"], load(base.row.name, "output"), load(row.name, "output"),
+                           latents=latents if all(x is not None for x in latents) else None,
+                           noise=load(base.row.name, "noise"), dtype=self.cfg.dtype)
+        state.verdict = verdict.to_dict()
+        state.reasons.extend(verdict.reasons)
+        for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
+            state.proofs.append(proof.to_dict())
+            if not proof.passed:
+                state.reasons.append(f"{proof.feature} did not act: {proof.detail}")
+
+
+def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every row of `cfg` and write the report; returns the report (see ditgate.report)."""
+    return Runner(cfg, progress).run()

@@ -1,0 +1,83 @@
+"""The run folder: one sub-folder per row holding its outputs and `result.json`.
+
+    RUN/run.json                      model, request, dtype, device, versions, rows
+    RUN/rows/NAME/output.npy          decoded output (image HWC, video FHWC, audio CS), float32
+    RUN/rows/NAME/latents.npy         final latents (after the last step), when the pipeline exposes them
+    RUN/rows/NAME/noise.npy           initial noise (the first transformer input)
+    RUN/rows/NAME/result.json         written last: its presence means the row finished
+    RUN/report.json, report.md, grid.png
+
+Every file is written to a temporary name and renamed, so a crash never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULT = "result.json"
+
+
+def write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, default=_jsonable) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot store {type(value).__name__} in JSON")
+
+
+def write_array(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".npy", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.save(handle, array)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def row_dir(run_dir: Path, name: str) -> Path:
+    return run_dir / "rows" / name
+
+
+def save_row(run_dir: Path, name: str, result: dict[str, Any], arrays: dict[str, np.ndarray | None]) -> None:
+    """Arrays first, `result.json` last."""
+    folder = row_dir(run_dir, name)
+    (folder / RESULT).unlink(missing_ok=True)
+    for key, array in arrays.items():
+        if array is not None:
+            write_array(folder / f"{key}.npy", array)
+    write_json(folder / RESULT, result)
+
+
+def load_result(run_dir: Path, name: str) -> dict[str, Any] | None:
+    path = row_dir(run_dir, name) / RESULT
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def load_array(run_dir: Path, name: str, key: str) -> np.ndarray | None:
+    path = row_dir(run_dir, name) / f"{key}.npy"
+    return np.load(path) if path.is_file() else None

@@ -1,0 +1,78 @@
+"""Entry point of one torchrun worker group: `python -m torch.distributed.run ... -m ditgate.worker JOB.json`.
+
+Every rank loads the model, applies each row of the job in turn and generates; rank 0 stores the outputs. Each rank
+keeps a status file (row and stage, refreshed at every stage) so the launcher can tell a hung rank from a slow one,
+and writes its traceback to an error file before exiting when a row fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .store import write_json
+
+
+def status_path(group_dir: Path, rank: int) -> Path:
+    return group_dir / f"rank{rank}.status.json"
+
+
+def error_path(group_dir: Path, rank: int) -> Path:
+    return group_dir / f"rank{rank}.error.json"
+
+
+def main(job_file: str) -> int:
+    job = json.loads(Path(job_file).read_text())
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    group_dir = Path(job["group_dir"])
+    current = {"row": None, "stage": "start"}
+
+    def stage(name: str) -> None:
+        current["stage"] = name
+        write_json(status_path(group_dir, rank), {"rank": rank, "row": current["row"], "stage": name,
+                                                  "time": time.time(), "pid": os.getpid()})
+
+    try:
+        stage("init")
+        import torch
+        import torch.distributed as dist
+
+        from . import compat, execute, plugin, request, rows
+
+        on_cuda = job["device"].startswith("cuda")
+        if on_cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if on_cuda else "gloo")
+        if not on_cuda:
+            compat.apply_cpu_patches()
+        integration = plugin.load(job.get("integration"))
+        req = request.Request(**job["request"])
+        run_dir = Path(job["run_dir"])
+        for data in job["rows"]:
+            row = rows.from_mapping({k: v for k, v in data.items() if k != "world_size"})
+            current["row"] = row.name
+            outcome = execute.run_row(row, Path(job["model_path"]), req, dtype=job["dtype"], device=job["device"],
+                                      integration=integration, warmup=job["warmup"], repeats=job["repeats"],
+                                      local_rank=local_rank, pipeline=job.get("pipeline"),
+                                      trust_remote_code=job.get("trust_remote_code", False), on_stage=stage)
+            stage("barrier")
+            dist.barrier()
+            if rank == 0:
+                execute.save_outcome(run_dir, row, outcome)
+            stage("done")
+        dist.destroy_process_group()
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the report
+        write_json(error_path(group_dir, rank), {
+            "rank": rank, "row": current["row"], "stage": current["stage"], "type": type(exc).__name__,
+            "message": str(exc), "traceback": traceback.format_exc()})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,67 @@
+"""Each CPU patch in ditgate.compat exists because cache-dit 1.5.3 fails without it on CPU.
+
+The `test_still_needed_*` tests check that the failure is still there. When one of them fails after an upgrade,
+the patch it guards is no longer needed: delete the patch and its test.
+"""
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the patches are for CPU-only machines")
+
+
+def _in_fresh_process(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_still_needed_flash_attention_has_no_cpu_kernel():
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(NotImplementedError):
+        torch.ops.aten._scaled_dot_product_flash_attention(q, q, q)
+
+
+def test_still_needed_no_current_accelerator_on_cpu():
+    assert torch.accelerator.current_accelerator() is None
+
+
+def test_still_needed_ring_merge_kernel_is_not_pytorch():
+    from cache_dit.distributed.core import _templated_ring
+
+    assert _templated_ring.fused_merge_attn_states is not None
+
+
+def test_still_needed_rmsnorm_asserts_not_cpu():
+    import importlib
+
+    from ditgate.compat import RMSNORM_MODULES
+
+    for name in RMSNORM_MODULES:
+        module = importlib.import_module(f"cache_dit.distributed.transformers.{name}")
+        assert '!= "cpu"' in inspect.getsource(module.DistributedRMSNorm.forward), name
+
+
+def test_patches_work_in_a_fresh_process():
+    code = """
+import torch
+from ditgate import compat
+names = compat.apply_cpu_patches()
+assert compat.apply_cpu_patches() == names  # once per process
+q, k, v = torch.randn(3, 1, 2, 8, 16).unbind(0)
+out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[:2]
+torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+assert lse.shape == (1, 2, 8)
+assert torch.accelerator.current_accelerator().type == "cpu"
+from cache_dit.distributed.core import _templated_ring
+assert _templated_ring.fused_merge_attn_states is None
+from cache_dit.distributed.transformers.dispatch import ContextParallelismPlannerRegister as C
+from cache_dit.distributed.transformers.register import TensorParallelismPlannerRegister as T
+C.get_planner("FluxTransformer2DModel"); T.get_planner("WanTransformer3DModel")  # every planner still registered
+print("ok", names)
+"""
+    done = _in_fresh_process(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok" in done.stdout
