@@ -23,6 +23,20 @@ from .request import Request
 from .rows import Row
 
 
+# What to look at first when a row of a phase raises instead of producing an output.
+HINTS = {
+    "cache": "check the BlockAdapter: the block lists, each list's ForwardPattern (the order of the block's "
+             "outputs: `ditgate inspect MODEL` observes it) and has_separate_cfg (transformer calls per step)",
+    "cp": "check the CP plan: every sequence tensor split at the entry needs a gather (_ContextParallelOutput) before "
+          "the output projection; attention masks are reordered, never split; all ranks must see the same RoPE grid",
+    "tp": "check the TP plan: when Q/K/V are sharded the head count must be divided (shard_div_attr), every "
+          "ColwiseParallel needs its RowwiseParallel partner, and tensors concatenated with DTensors must be DTensors",
+    "tep": "check that cache-dit has a text-encoder TP planner for this encoder class (`ditgate inspect MODEL`)",
+    "vaep": "check that cache-dit has a VAE planner for this exact VAE class and that the VAE supports tiling",
+    "hybrid": "make CP and TP pass on their own first; hybrid needs at least 4 ranks",
+}
+
+
 class RunFolderError(DitgateError):
     """The run folder cannot be used (exists without --resume, or belongs to another run)."""
 
@@ -255,7 +269,9 @@ class Runner:
         row = state.row
         if row.phase is None or not state.ran:
             if state.result and state.result.get("status") == "error":
-                state.reasons.append(state.result["error"]["message"])
+                error = state.result["error"]
+                hint = "" if error.get("preflight") else HINTS.get(row.phase or "", "")
+                state.reasons.append(error["message"] + (f" — {hint}" if hint else ""))
             return
         base = self.states.get(row.baseline)
         if base is None or not base.ran:

@@ -38,18 +38,21 @@ def main(job_file: str) -> int:
                                                   "time": time.time(), "pid": os.getpid()})
 
     try:
-        stage("init")
+        stage("import")
         import torch
         import torch.distributed as dist
 
         from . import compat, execute, plugin, request, rows
 
+        stage("init-process-group")
         on_cuda = job["device"].startswith("cuda")
         if on_cuda:
             torch.cuda.set_device(local_rank)
         dist.init_process_group("cpu:gloo,cuda:nccl" if on_cuda else "gloo")
         if not on_cuda:
+            stage("cpu-patches")
             compat.apply_cpu_patches()
+        stage("load-integration")
         integration = plugin.load(job.get("integration"))
         req = request.Request(**job["request"])
         run_dir = Path(job["run_dir"])
