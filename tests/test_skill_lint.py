@@ -226,6 +226,10 @@ def test_claim_scopes_prefix_and_suffix_styles():
     assert claim_scopes(line, table.claims(line)) == [{"cache"}, {"cache"}, parallel, parallel]
     line = "PSNR > 30 dB for cache-dit's cache; PSNR > 35 dB in Ulysses mode"
     assert claim_scopes(line, table.claims(line)) == [{"cache"}, {"cp"}]
+    line = "it passes PSNR > 35 dB and SSIM > 0.90 (the TP gate), with no garbled or region failure"
+    assert claim_scopes(line, table.claims(line)) == [{"tp"}, {"tp"}]          # the nearest name wins
+    line = "| TE-P | [tep.md](references/tep.md) | CP and TP: PSNR > 35 dB |"
+    assert claim_scopes(line, table.claims(line)) == [{"cp", "tp"}]
     assert table.claims("measured 33.8 dB PSNR, PSNR ≈ 34") == []
 
 
@@ -239,6 +243,7 @@ def test_claim_scopes_prefix_and_suffix_styles():
     ("The gate table is", "`cache_dit.enable_caching(pipe)` is gone. The gate table is", "`enable_caching`"),
     ("import cache_dit\n", "import cache_dit\nfrom diffusers.hooks import apply_first_block_cache, no_such_hook\n",
      "no attribute `no_such_hook`"),
+    ("The gate table is", "`diffusers.FluxPipeline.transformr` The gate table is", "has no attribute `transformr`"),
 ])
 def test_api_names_must_exist(skill, old, new, expected):
     edit(skill / "SKILL.md", old, new)
@@ -251,7 +256,8 @@ def test_api_ignores_code_that_is_not_cache_dit_or_diffusers(skill):
          "import cache_dit\nfrom ...attention import _dispatch_attention_fn\nfrom my_model import MyDiT\n"
          "from diffusers import MyModelPipeline\n"
          "x = MyDiT.whatever + pipe.transformer.nothing\n")
-    edit(skill / "SKILL.md", "The gate table is", "`python -m cache_dit.generate flux` works. The gate table is")
+    edit(skill / "SKILL.md", "The gate table is", "`python -m cache_dit.generate flux` works; instance attributes"
+         " such as `diffusers.FluxPipeline.transformer` and `cache_dit.BlockAdapter.blocks` exist. The gate table is")
     assert lint(skill).findings == []
 
 
@@ -279,10 +285,14 @@ def test_plain_bash_fence_only_warns(skill):
     assert "invalid choice: 'frobnicate'" in warning.message
 
 
-def test_shell_variables_are_not_judged(skill):
+def test_shell_variables_and_placeholders_are_not_judged(skill):
     with (skill / "SKILL.md").open("a") as f:
         f.write("\n```bash runnable\nditgate zoo build \"$MODEL\" $OUT --seed $SEED 2>&1 > log.txt\n```\n")
+        f.write("\n```bash\nditgate zoo build NAME <dir> --seed N [--overwrite]\n```\n")
     assert lint(skill).findings == []
+    edit(skill / "SKILL.md", "[--overwrite]", "--overwrite --seeed 1")
+    [warning] = lint(skill).warnings
+    assert "unrecognized arguments: --seeed 1" in warning.message
 
 
 # --- the command ----------------------------------------------------------------------------------------------------

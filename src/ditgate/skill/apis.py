@@ -42,8 +42,21 @@ def _is_root(dotted: str) -> bool:
 
 
 def _declared(cls: type, name: str) -> bool:
-    """A field a class declares without a class attribute (dataclass fields, annotations)."""
-    return any(name in getattr(klass, "__annotations__", {}) for klass in inspect.getmro(cls))
+    """An instance attribute: annotated on the class (dataclass fields), a parameter of an `__init__` (pipeline
+    components, model config), or set as `self.NAME` in an `__init__`."""
+    assignment = re.compile(rf"\bself\.{re.escape(name)}\s*(?::[^=]+)?=[^=]")
+    for klass in inspect.getmro(cls):
+        if name in vars(klass).get("__annotations__", {}):
+            return True
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        try:
+            if name in inspect.signature(init).parameters or assignment.search(inspect.getsource(init)):
+                return True
+        except (OSError, TypeError, ValueError):
+            continue
+    return False
 
 
 @dataclass

@@ -3,7 +3,8 @@
 A fence whose info string is `bash runnable` is run by CI; every `ditgate ...` line in it must parse with
 `ditgate.cli.build_parser()` (known subcommand and flags) or it is an error. In other shell fences an unknown
 subcommand or flag is a warning (a planned command may be shown there). Values holding shell variables (`$MODEL`)
-are not judged.
+and placeholders (`--height H`, `--phase PHASE`, `<model>`) are not judged, and usage-style optional groups
+(`[--steps N]`) are dropped.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from .base import Problem, Skill
 SHELL_FENCES = ("bash", "sh", "shell", "zsh", "console")
 RUNNABLE = "runnable"
 _PLACEHOLDER = re.compile(r"<[A-Za-z][\w.-]*>")
+_OPTIONAL_GROUP = re.compile(r"\[\s*-[^\]]*\]")
+_UNJUDGED_VALUE = re.compile(r"invalid [\w ]*(?:value|choice): '([A-Z][A-Z0-9_]*|[^']*\$[^']*)'")
 _REDIRECT = re.compile(r"(?<!\S)\d*(?:>>?|<)(?:&\d+|\s*[^\s;&|]+)")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
 _SEPARATORS = set("();&|")
@@ -44,7 +47,7 @@ def logical_lines(content: str) -> Iterator[tuple[int, str]]:
 
 def ditgate_invocations(line: str) -> list[list[str]]:
     """The argument lists of every `ditgate ...` / `python -m ditgate ...` command in a shell line."""
-    text = _REDIRECT.sub(" ", _PLACEHOLDER.sub("PLACEHOLDER", line))
+    text = _REDIRECT.sub(" ", _PLACEHOLDER.sub("PLACEHOLDER", _OPTIONAL_GROUP.sub(" ", line)))
     lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     tokens = list(lexer)
@@ -65,8 +68,7 @@ def ditgate_invocations(line: str) -> list[list[str]]:
     return found
 
 
-def parse_error(parser: argparse.ArgumentParser, args: list[str]) -> str | None:
-    """argparse's complaint about `ditgate ARGS`, or None when it parses."""
+def _argparse_error(parser: argparse.ArgumentParser, args: list[str]) -> str | None:
     errors = io.StringIO()
     try:
         with redirect_stderr(errors), redirect_stdout(io.StringIO()):
@@ -76,6 +78,27 @@ def parse_error(parser: argparse.ArgumentParser, args: list[str]) -> str | None:
             return None
         lines = errors.getvalue().strip().splitlines()
         return lines[-1].split("error: ", 1)[-1] if lines else "does not parse"
+    return None
+
+
+def parse_error(parser: argparse.ArgumentParser, args: list[str]) -> str | None:
+    """argparse's complaint about `ditgate ARGS`, or None when it parses.
+
+    A value argparse rejects that is a placeholder (`H`, `PHASE`) or holds a shell variable is swapped for one it
+    accepts (the first choice, or a number) and the line parsed again, so the flags after it are still checked.
+    """
+    args = list(args)
+    for _ in range(len(args) + 1):
+        message = _argparse_error(parser, args)
+        match = _UNJUDGED_VALUE.search(message or "")
+        if match is None:
+            return message
+        choices = re.search(r"choose from '([^']*)'", message)
+        stand_in = (choices.group(1) if choices else "1" if "invalid int value" in message
+                    else "1.0" if "invalid float value" in message else None)
+        if stand_in is None or match.group(1) not in args:
+            return None          # a placeholder for a value of a type we cannot make up: not judged
+        args[args.index(match.group(1))] = stand_in
     return None
 
 

@@ -9,7 +9,6 @@ temporary name beside its destination and renamed into place, so no half-written
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from dataclasses import dataclass

@@ -120,29 +120,46 @@ class GateTable:
                 f"({'; '.join(str(c) for c in relevant)})")
 
 
+_CONNECTOR = re.compile(r"^(?:[\s/,+&|]|\band\b|\bor\b)*$", re.IGNORECASE)
+
+
+def _nearest(line: str, names: list[tuple[int, int, str]], last: bool) -> set[str]:
+    """The phase name nearest a claim (the last of `names` when the claim follows them, else the first), with the
+    names listed together with it: "CP/TP/TE-P", "CP and TP"."""
+    if not names:
+        return set()
+    run = [names[-1] if last else names[0]]
+    others = reversed(names[:-1]) if last else iter(names[1:])
+    for name in others:
+        gap = line[name[1]:run[-1][0]] if last else line[run[-1][1]:name[0]]
+        if not _CONNECTOR.match(gap):
+            break
+        run.append(name)
+    return {scope for _, _, scope in run}
+
+
 def claim_scopes(line: str, claims: list[Claim]) -> list[set[str]]:
     """The phases each claim on a line belongs to, from the phase names on that line.
 
-    When the line names a phase before its first claim, a claim takes the names since the previous claim (or
-    inherits the previous claim's); otherwise it takes the names up to the next claim (or inherits the next one's).
+    When the line names a phase before its first claim, a claim takes the nearest names since the previous claim
+    (or inherits the previous claim's); otherwise it takes the nearest names up to the next claim (or inherits the
+    next claim's).
     """
     names = named_scopes(line)
     if not names or not claims:
         return [set() for _ in claims]
-    bounds = [0] + [c.end for c in claims] + [len(line)]
-    starts = [c.start for c in claims]
+    scopes: list[set[str]] = [set() for _ in claims]
     if names[0][0] < claims[0].start:
-        scopes: list[set[str]] = []
+        previous: set[str] = set()
         for i, claim in enumerate(claims):
-            found = {s for a, b, s in names if a >= bounds[i] and b <= claim.start}
-            scopes.append(found or (scopes[-1] if scopes else set()))
+            start = claims[i - 1].end if i else 0
+            previous = _nearest(line, [n for n in names if n[0] >= start and n[1] <= claim.start], True) or previous
+            scopes[i] = previous
         return scopes
-    scopes = [set() for _ in claims]
     following: set[str] = set()
     for i in range(len(claims) - 1, -1, -1):
-        end = starts[i + 1] if i + 1 < len(claims) else len(line)
-        found = {s for a, b, s in names if a >= claims[i].end and b <= end}
-        following = found or following
+        end = claims[i + 1].start if i + 1 < len(claims) else len(line)
+        following = _nearest(line, [n for n in names if n[0] >= claims[i].end and n[1] <= end], False) or following
         scopes[i] = following
     return scopes
 
