@@ -200,9 +200,17 @@ def test_threshold_of_a_rule_in_the_wrong_phase(skill):
 
 
 def test_audio_thresholds_follow_the_audio_rule(skill):
+    edit(skill / "references" / "cp.md", "Back to", "Under CP an audio model keeps mel SSIM ≥ 0.75. Back to")
+    assert lint(skill).findings == []
     edit(skill / "references" / "audio.md", "SI-SDR ≥ −5 dB", "SI-SDR ≥ −3 dB")
     [finding] = only(lint(skill), "threshold")
     assert "si_sdr >= -5" in finding.message
+
+
+def test_unreadable_gate_table(skill):
+    (skill / "checklists" / "gates.json").write_text("{not json")
+    [finding] = only(lint(skill), "threshold")
+    assert finding.file == "checklists/gates.json" and "cannot read the gate table" in finding.message
 
 
 def test_garbled_rule(skill):

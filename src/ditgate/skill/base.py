@@ -59,6 +59,11 @@ def load_skill(root: str | Path) -> Skill:
     paths = [root / SKILL_FILE] if (root / SKILL_FILE).is_file() else []
     paths += sorted((root / REFERENCES).rglob("*.md")) if (root / REFERENCES).is_dir() else []
     for path in paths:
-        doc = parse(path, root)
+        if not path.is_file():
+            continue
+        try:
+            doc = parse(path, root)
+        except UnicodeDecodeError as exc:
+            raise SkillRootError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
         skill.docs[doc.rel] = doc
     return skill

@@ -29,8 +29,7 @@ class Target:
     line: int
     raw: str
     rel: str | None        # resolved path relative to the skill root; None when it leaves the root
-    fragment: str
-    is_link: bool
+    fragment: str = ""
     absolute: bool = False
 
     @property
@@ -56,10 +55,10 @@ def link_targets(skill: Skill, doc: Document) -> Iterator[Target]:
         path, _, fragment = target.partition("#")
         path, fragment = unquote(path), unquote(fragment)
         if path.startswith("/"):
-            yield Target(doc, link.line, target, None, fragment, True, absolute=True)
+            yield Target(doc, link.line, target, None, fragment, absolute=True)
             continue
         rel = _relative(skill.root, doc.path.parent / path) if path else doc.rel
-        yield Target(doc, link.line, target, rel, fragment, True)
+        yield Target(doc, link.line, target, rel, fragment)
 
 
 def mentions(skill: Skill, doc: Document) -> Iterator[Target]:
@@ -75,7 +74,7 @@ def mentions(skill: Skill, doc: Document) -> Iterator[Target]:
             if rel is not None and not skill.exists(rel):
                 beside = _relative(skill.root, doc.path.parent / path)
                 rel = beside if beside is not None and skill.exists(beside) else rel
-            yield Target(doc, number, path, rel, "", False)
+            yield Target(doc, number, path, rel)
 
 
 def _all_targets(skill: Skill) -> Iterator[Target]:

@@ -2,9 +2,10 @@
 
 A gate claim is a metric name, a comparison operator and a number: `PSNR > 30 dB`, `SSIM ≥ 0.90`,
 `max-abs ≤ 1e-4`, `mel PSNR >= 21`, `SI-SDR ≥ −5 dB`. A number without an operator ("measured 33.8 dB") is not a
-claim. The claim's scope is the phase (or audio rule) the line names next to it, else the phase of the file
-(references/cp.md -> cp), else, for metrics that only a rule of gates.json owns (max-abs, worst-tile SSIM, the audio
-metrics), that rule; anything else is a threshold without a phase.
+claim. The claim's scope is the phase the line names nearest to it (see `claim_scopes`; "audio" and "garbled" name
+the rules of those names), else the phase of the file (references/cp.md -> cp), else, for metrics that only a rule
+of gates.json owns (max-abs, worst-tile SSIM, the audio metrics), that rule; anything else is a threshold without a
+phase. The claim must equal a check of every phase in its scope: same metric, same operator, same value.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ class Claim:
 
 
 class GateTable:
-    """The checks of gates.json by scope: each phase (all modalities, plus the tensor rule when the phase is exact
-    and the region rule), "audio" (the audio rule) and "garbled" (PSNR at least a value while SSIM is below one)."""
+    """The checks of gates.json by scope: each phase (all modalities, the tensor rule when the phase is exact, the
+    region and audio rules), "audio" (the audio rule) and "garbled" (PSNR at least a value while SSIM is below one)."""
 
     def __init__(self, data: dict):
         rules = data.get("rules", {})
@@ -71,9 +72,11 @@ class GateTable:
         region = checks(rules.get("region", {}).get("checks"))
         audio = checks(rules.get("audio", {}).get("checks"))
         self.scopes: dict[str, list[Check]] = {}
+        phase_metrics: set[str] = set()
         for key, phase in data.get("phases", {}).items():
             own = [c for m in phase.get("modalities", {}).values() for c in checks(m.get("checks"))]
-            self.scopes[key] = own + (tensor if phase.get("exact") else []) + region
+            phase_metrics |= {c.metric for c in own}
+            self.scopes[key] = own + (tensor if phase.get("exact") else []) + region + audio
         if "audio" in rules:
             self.scopes["audio"] = audio
         garbled = rules.get("garbled", {})
@@ -81,8 +84,6 @@ class GateTable:
             self.scopes["garbled"] = [Check("psnr", ">=", float(garbled["psnr_at_least"])),
                                       Check("ssim", "<", float(garbled["ssim_below"]))]
         self.rule_checks = tensor + region + audio
-        phase_metrics = {c.metric for key, cs in data.get("phases", {}).items()
-                         for m in cs.get("modalities", {}).values() for c in checks(m.get("checks"))}
         self.rule_only_metrics = {c.metric for c in self.rule_checks} - phase_metrics
         self.metrics = phase_metrics | {c.metric for c in self.rule_checks}
         names = list(METRIC_NAMES)
@@ -166,15 +167,13 @@ def claim_scopes(line: str, claims: list[Claim]) -> list[set[str]]:
 
 def check_thresholds(skill: Skill) -> Iterator[Problem]:
     path = skill.root / GATES_FILE
-    table: GateTable | None = None
-    if path.is_file():
-        try:
-            table = GateTable.load(path)
-        except (ValueError, KeyError, TypeError) as exc:
-            yield Problem(GATES_FILE, 1, f"cannot read the gate table: {exc}")
-            return
-    else:
+    if not path.is_file():
         yield Problem(GATES_FILE, 1, "the gate table is missing; no threshold in the prose can be checked")
+        return
+    try:
+        table = GateTable.load(path)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        yield Problem(GATES_FILE, 1, f"cannot read the gate table: {exc!r}")
         return
     for doc in skill.docs.values():
         default = file_scope(doc.rel)
