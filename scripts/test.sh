@@ -4,3 +4,4 @@ set -euo pipefail
 . "$(dirname "$0")/env.sh"
 cd "$repo_root"
 "$PY" -m pytest -q "$@"
+"$PY" -m ditgate lint

@@ -1,0 +1,69 @@
+"""What every lint rule works on: the skill folder, its parsed Markdown files, and the problems rules report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import DitgateError
+from .markdown import Document, parse
+
+SKILL_FILE = "SKILL.md"
+REFERENCES = "references"
+# What a skill installation holds (see `ditgate.skill.install`). Links are copied as they are, so every relative
+# link of the skill must stay inside these parts.
+INSTALLED_PARTS: tuple[str, ...] = (SKILL_FILE, REFERENCES, "checklists", "notebooks")
+
+
+class SkillRootError(DitgateError, FileNotFoundError):
+    """The skill root to lint or install from does not exist or is not a folder."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem a rule found; the linter adds the rule's id and severity."""
+
+    file: str
+    line: int
+    message: str
+    warning: bool = False
+
+
+@dataclass
+class Skill:
+    root: Path
+    docs: dict[str, Document] = field(default_factory=dict)   # SKILL.md and references/**/*.md, by relative path
+
+    @property
+    def skill_md(self) -> Document | None:
+        return self.docs.get(SKILL_FILE)
+
+    @property
+    def references(self) -> list[Document]:
+        return [doc for rel, doc in self.docs.items() if rel.startswith(REFERENCES + "/")]
+
+    @property
+    def is_source_tree(self) -> bool:
+        """A project checkout (the skill lives at its root) rather than an installed skill folder."""
+        return (self.root / "pyproject.toml").exists() or (self.root / ".git").exists()
+
+    def exists(self, rel: str) -> bool:
+        return (self.root / rel).exists()
+
+
+def load_skill(root: str | Path) -> Skill:
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise SkillRootError(f"skill root {root} does not exist or is not a folder")
+    skill = Skill(root)
+    paths = [root / SKILL_FILE] if (root / SKILL_FILE).is_file() else []
+    paths += sorted((root / REFERENCES).rglob("*.md")) if (root / REFERENCES).is_dir() else []
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            doc = parse(path, root)
+        except UnicodeDecodeError as exc:
+            raise SkillRootError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        skill.docs[doc.rel] = doc
+    return skill
