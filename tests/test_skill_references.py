@@ -24,7 +24,7 @@ FILES = ["audio.md", "custom_models.md", "modular_pipeline.md", "perf_matrix.md"
 PLANNED = {"cache.md", "cp.md", "tp.md", "tep.md", "vaep.md", "cli.md", "testing.md", "install.md", "attention.md",
            *FILES}
 
-FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.S | re.M)
+FENCE = re.compile(r"^[ \t]*```([^\n]*)\n(.*?)^[ \t]*```[ \t]*$", re.S | re.M)
 LINK = re.compile(r"(?<!!)\[[^\]]+\]\(([^)\s]+)\)")
 DOTTED = re.compile(r"\b(?:cache_dit|diffusers)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 FROM_IMPORT = re.compile(r"^\s*from\s+((?:cache_dit|diffusers)[\w.]*)\s+import\s+\(?([^)\n]+)\)?", re.M)
