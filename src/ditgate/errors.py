@@ -26,3 +26,7 @@ class UnknownZooModelError(DitgateError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+class PipelineRunError(DitgateError):
+    """Running the pipeline (to observe it) failed, or it has nothing to observe."""
