@@ -426,9 +426,10 @@ def audit_loop(block: BlockList, record, h_param: str | None) -> None:
                     f"{role} changes between block {transition.index - 1} and block {transition.index}: the loop "
                     "does work between block calls, which a cached block list would skip")
                 break
-        if transition.changed_args:
-            block.loop_findings.append(f"block {transition.index} gets different {transition.changed_args} than "
-                                       "block 0: per-block arguments are not supported by the cached block list")
+        changed = [a for a in transition.changed_args if a not in targets.values()]
+        if changed:
+            block.loop_findings.append(f"block {transition.index} gets different {changed} than block 0: "
+                                       "per-block arguments are not supported by the cached block list")
     block.loop_findings = list(dict.fromkeys(block.loop_findings))[:6]
     if block.loop_findings:
         block.patch_functor_needed = True
