@@ -257,6 +257,30 @@ def test_work_between_blocks_and_renamed_inputs_need_a_patch_functor():
     assert x.patch_functor_needed and "cannot take the loop's call" in x.pattern_reason
 
 
+def test_bare_transformer_pattern_against_cache_dit_adapter():
+    """Bria's blocks return (encoder_hidden_states, hidden_states) in diffusers 0.42.1: Pattern_1, observed; the
+    adapter registered in cache-dit 1.5.3 declares Pattern_0 for both lists."""
+    from diffusers import BriaTransformer2DModel
+
+    from ditgate.anatomy import observe_transformer
+    from ditgate.cachedit_support import describe_adapter
+
+    torch.manual_seed(0)
+    model = BriaTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                   axes_dims_rope=[4, 6, 6]).eval()
+    inputs = dict(hidden_states=torch.randn(1, 64, 16), encoder_hidden_states=torch.randn(1, 8, 32),
+                  timestep=torch.tensor([500.0]), img_ids=torch.zeros(64, 3), txt_ids=torch.zeros(8, 3))
+    lists, between, calls = observe_transformer(model, lambda: model(**inputs))
+    assert calls == 1
+    assert [(b.attribute, b.pattern) for b in lists] == [("transformer_blocks", "Pattern_1"),
+                                                         ("single_transformer_blocks", "Pattern_1")]
+    assert all(b.outputs == ["encoder_hidden_states", "hidden_states"] for b in lists)
+    adapter, error = describe_adapter(model)
+    assert error is None and adapter.prefix == "Bria"
+    assert adapter.forward_patterns == [["Pattern_0", "Pattern_0"]]
+
+
 # -- the command ------------------------------------------------------------------------------------------------
 def test_cli_human(run_cli):
     code, out, err = run_cli("inspect", "zoo:flux")

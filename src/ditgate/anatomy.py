@@ -772,6 +772,33 @@ def tp_layers(block, dim: int | None = None) -> list[dict[str, Any]]:
     return rows
 
 
+def _analyse_lists(name: str, transformer, record) -> tuple[list[BlockList], list[str]]:
+    lists = [analyse_block_list(name, attribute, blocks, record.lists.get(attribute) if record else None)
+             for attribute, blocks in block_lists(transformer).items()]
+    return lists, between_lists(name, record) if record else []
+
+
+def observe_transformer(transformer, run, name: str = "transformer") -> tuple[list[BlockList], list[str], int]:
+    """Block lists of a bare transformer, observed while `run()` calls it (e.g. a forward with dummy inputs).
+
+    Returns the block lists, the findings between lists, and how often the transformer was called. When `run`
+    raises, the exception propagates; `static_block_lists` gives what can be read without a call.
+    """
+    import torch
+
+    probe = Probe({name: transformer})
+    with torch.no_grad(), probe:
+        run()
+    record = probe.transformers[name]
+    lists, between = _analyse_lists(name, transformer, record)
+    return lists, between, record.calls
+
+
+def static_block_lists(transformer, name: str = "transformer") -> list[BlockList]:
+    """Block lists and block signatures only (nothing observed)."""
+    return _analyse_lists(name, transformer, None)[0]
+
+
 # -- putting it together ------------------------------------------------------------------------------------------
 def _warnings(anatomy: Anatomy) -> list[str]:
     notes = []
@@ -781,13 +808,20 @@ def _warnings(anatomy: Anatomy) -> list[str]:
                      f"this run made {anatomy.calls_per_step} transformer calls per step: with these call "
                      "arguments the cond and uncond calls would share (or split) one cache context wrongly")
     if adapter:
-        observed = {b.attribute: b.pattern for b in anatomy.block_lists}
+        observed = {(b.transformer, b.attribute): b.pattern for b in anatomy.block_lists}
         for t, lists, patterns in zip(adapter["transformers"], adapter["block_lists"], adapter["forward_patterns"]):
             for names, pattern in zip(lists, patterns):
                 for name in names.split(" + "):
-                    if name in observed and observed[name] and observed[name] != pattern:
-                        notes.append(f"{t}.{name}: cache-dit's adapter declares {pattern}, the run suggests "
-                                     f"{observed[name]} (both may work when the block passes extra inputs through)")
+                    seen = observed.get((t, name))
+                    if not seen or seen == pattern:
+                        continue
+                    if {seen, pattern} == {"Pattern_2", "Pattern_3"}:
+                        notes.append(f"{t}.{name}: cache-dit's adapter declares {pattern}, the run suggests {seen}; "
+                                     "both return hidden_states only, so both forward the block's inputs")
+                    else:
+                        notes.append(f"{t}.{name}: cache-dit's adapter declares {pattern}, but the blocks were "
+                                     f"observed to behave as {seen}: the cached blocks would mix up hidden_states "
+                                     "and encoder_hidden_states; fix the adapter's forward_pattern")
     if anatomy.calls_per_step and anatomy.calls_per_step > 2:
         notes.append(f"{anatomy.calls_per_step} transformer calls per step: cache-dit alternates cond/uncond by "
                      "call parity, so more than two calls per step breaks its step accounting")
@@ -815,10 +849,9 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
     lists: list[BlockList] = []
     between: list[str] = []
     for t_name, transformer in transformers.items():
-        record = probe.transformers[t_name]
-        for attribute, blocks in block_lists(transformer).items():
-            lists.append(analyse_block_list(t_name, attribute, blocks, record.lists.get(attribute)))
-        between += between_lists(t_name, record)
+        t_lists, t_between = _analyse_lists(t_name, transformer, probe.transformers[t_name])
+        lists += t_lists
+        between += t_between
 
     primary = next(iter(transformers))
     sequence, batch = analyse_sequence(probe.transformers[primary], [b for b in lists if b.transformer == primary],
@@ -897,4 +930,5 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return target
 
 
-__all__ = ["Anatomy", "analyse", "inspect_model", "build_call", "classify_components", "write_text_atomic"]
+__all__ = ["Anatomy", "analyse", "inspect_model", "build_call", "classify_components", "observe_transformer",
+           "static_block_lists", "write_text_atomic"]

@@ -81,7 +81,8 @@ def _as_list(value: Any) -> list:
 
 
 def describe_adapter(pipe) -> tuple[AdapterInfo | None, str | None]:
-    """The registered BlockAdapter for `pipe`, built with `skip_post_init=True` so nothing is patched."""
+    """The registered BlockAdapter for `pipe` (a pipeline, or a bare transformer as cache-dit also accepts),
+    built with `skip_post_init=True` so nothing is patched."""
     from cache_dit.caching.block_adapters import BlockAdapterRegister
 
     prefix = _prefix_match(type(pipe).__name__, BlockAdapterRegister.supported_pipelines()[1])
@@ -91,7 +92,7 @@ def describe_adapter(pipe) -> tuple[AdapterInfo | None, str | None]:
         adapter = BlockAdapterRegister.get_adapter(pipe, skip_post_init=True)
     except Exception as exc:  # noqa: BLE001 - a registered adapter that rejects this pipeline is a finding
         return None, f"cache-dit's {prefix!r} adapter rejects this pipeline: {type(exc).__name__}: {exc}"
-    components = getattr(pipe, "components", {})
+    components = getattr(pipe, "components", None) or {"transformer": pipe}
     transformers = _as_list(adapter.transformer)
     names = [next((k for k, v in components.items() if v is t), type(t).__name__) for t in transformers]
     blocks = _as_list(adapter.blocks)
@@ -130,6 +131,18 @@ def cli_examples(pipeline_class: str) -> list[str]:
     return sorted(found)
 
 
+def activate_registries() -> None:
+    """Import every built-in planner module of cache-dit, so that all four planner registries are complete."""
+    from cache_dit.distributed.autoencoders.planners import _activate_auto_encoder_dp_planners
+    from cache_dit.distributed.text_encoders.planners import _activate_text_encoder_tp_planners
+    from cache_dit.distributed.transformers.planners import _activate_cp_planners, _activate_tp_planners
+
+    _activate_cp_planners()
+    _activate_tp_planners()
+    _activate_text_encoder_tp_planners()
+    _activate_auto_encoder_dp_planners()
+
+
 @contextlib.contextmanager
 def _quiet():
     """cache-dit logs to stdout; keep its info and warnings (e.g. from adapter builders) out of our output."""
@@ -144,19 +157,13 @@ def lookup(pipe, transformers: dict[str, torch.nn.Module], text_encoders: dict[s
            vaes: dict[str, torch.nn.Module]) -> Support:
     """Everything cache-dit registers for these components, by name."""
     import cache_dit
-    from cache_dit.distributed.autoencoders.planners import _activate_auto_encoder_dp_planners
     from cache_dit.distributed.autoencoders.register import AutoEncoderDataParallelismPlannerRegister
-    from cache_dit.distributed.text_encoders.planners import _activate_text_encoder_tp_planners
     from cache_dit.distributed.text_encoders.register import TextEncoderTensorParallelismPlannerRegister
-    from cache_dit.distributed.transformers.planners import _activate_cp_planners, _activate_tp_planners
     from cache_dit.distributed.transformers.register import (ContextParallelismPlannerRegister,
                                                              TensorParallelismPlannerRegister)
 
     with _quiet():
-        _activate_cp_planners()
-        _activate_tp_planners()
-        _activate_text_encoder_tp_planners()
-        _activate_auto_encoder_dp_planners()
+        activate_registries()
         adapter, adapter_error = describe_adapter(pipe)
         examples = cli_examples(type(pipe).__name__)
     vae_registry = AutoEncoderDataParallelismPlannerRegister.supported_planners()[1]
