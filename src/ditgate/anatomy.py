@@ -174,9 +174,6 @@ class Anatomy:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def lists_of(self, transformer: str) -> list[BlockList]:
-        return [b for b in self.block_lists if b.transformer == transformer]
-
 
 # -- components ---------------------------------------------------------------------------------------------------
 def source_file(obj: Any) -> str | None:
@@ -384,21 +381,21 @@ def choose_pattern(block: BlockList, params: list[Param], call_positional: int, 
         problem = _rebinds(pattern, params, call_positional, call_keywords, block_forward)
         if problem is None:
             block.pattern = name
-            block.check_forward_pattern = all(n in names for n in pattern.In)
-            if not block.pattern_reason:
-                block.pattern_reason = _describe(pattern, roles, block)
-            if not block.check_forward_pattern:
-                missing = [n for n in pattern.In if n not in names]
-                block.pattern_reason += (f"; the signature lacks {missing}, so cache-dit's static check fails: set "
-                                         "check_forward_pattern=False")
-            return
+            block.pattern_reason = block.pattern_reason or _describe(pattern, roles, block)
+            break
         failures.append(f"{name}: {problem}")
-    block.pattern = candidates[0]
-    block.check_forward_pattern = all(n in names for n in ForwardPattern[candidates[0]].In)
-    block.patch_functor_needed = True
-    block.pattern_reason = ("the outputs match " + candidates[0] + ", but the loop calls the block in a way the "
-                            "cached blocks cannot forward (" + "; ".join(failures) + "): a PatchFunctor must make "
-                            "the loop pass hidden_states (and encoder_hidden_states) first")
+    else:
+        block.pattern = candidates[0]
+        block.patch_functor_needed = True
+        block.pattern_reason = ("the outputs match " + candidates[0] + ", but the loop calls the block in a way the "
+                                "cached blocks cannot forward (" + "; ".join(failures) + "): a PatchFunctor must "
+                                "make the loop pass hidden_states (and encoder_hidden_states) first")
+    missing = [n for n in ForwardPattern[block.pattern].In if n not in names]
+    block.check_forward_pattern = not missing
+    if missing:
+        first = positional[0] if positional else None
+        block.pattern_reason += (f"; the signature lacks {missing} (its first input is {first!r}), so cache-dit's "
+                                 "static check fails: set check_forward_pattern=False")
 
 
 def _describe(pattern, roles: tuple, block: BlockList) -> str:
@@ -460,7 +457,7 @@ def analyse_block_list(transformer_name: str, attribute: str, blocks, record) ->
         info.patch_functor_needed = True
         info.pattern_reason = (f"the block returns {type(record.first_outputs).__name__}, not a tensor or a tuple; "
                                "no ForwardPattern applies")
-    if positional and positional[0] != H:
+    if positional and positional[0] != H and info.check_forward_pattern is not False:
         info.pattern_reason += (f"; the first input is named {positional[0]!r}, not 'hidden_states': "
                                 "check_forward_pattern must be False")
         info.check_forward_pattern = False
@@ -488,19 +485,19 @@ def between_lists(transformer_name: str, record) -> list[str]:
                             "(e.g. a concatenation); a cached adapter covering both lists must reproduce it")
         start = record.events.index(f"{b}.0") if f"{b}.0" in record.events else None
         end = max((i for i, e in enumerate(record.events) if e.startswith(a + ".")), default=None)
-        if start is not None and end is not None:
-            between = [e for e in record.events[end + 1:start]]
-            if between:
-                findings.append(f"{transformer_name}: between {a} and {b} the transformer calls {between}")
-    for name, lst in record.lists.items():
-        events = [i for i, e in enumerate(record.events) if e.startswith(name + ".")]
-        if events:
-            inside = [e for e in record.events[events[0]:events[-1] + 1]
-                      if not e.startswith(name + ".") and not any(e.startswith(o + ".") for o in record.lists)]
-            if inside:
-                findings.append(f"{transformer_name}: the {name} loop also calls {sorted(set(inside))} between "
-                                "blocks; a cached block list would skip that work")
+        if start is not None and end is not None and record.events[end + 1:start]:
+            findings.append(f"{transformer_name}: between {a} and {b} the transformer calls "
+                            f"{record.events[end + 1:start]}")
     return findings
+
+
+def calls_inside_loop(record, name: str) -> list[str]:
+    """Direct children of the transformer called between the first and the last block of list `name`."""
+    positions = [i for i, e in enumerate(record.events) if e.startswith(name + ".")]
+    if not positions:
+        return []
+    inside = record.events[positions[0]:positions[-1] + 1]
+    return sorted({e for e in inside if e.rsplit(".", 1)[0] not in record.lists})
 
 
 # -- attention ----------------------------------------------------------------------------------------------------
@@ -538,22 +535,19 @@ def analyse_attention(transformers: dict[str, Any], probe: Probe, sequence: Sequ
             if len(parts) > 1 and parts[0] in lists and parts[1].isdigit():
                 parts[1] = "*"
             group = ".".join(parts)
-            if is_attention_module(module):
-                modules.setdefault(group, module)
             if isinstance(module, torch.nn.Linear) and "qkv" in parts[-1].lower():
-                if f"{t_name}.{group}" not in result.fused_qkv:
-                    result.fused_qkv.append(f"{t_name}.{group}")
+                _add(result.fused_qkv, f"{t_name}.{group}")
+            if not is_attention_module(module):
+                continue
+            modules.setdefault(group, module)
             backend = getattr(getattr(module, "processor", None), "_attention_backend", None)
-            if backend is not None and str(backend) not in result.attention_backends:
-                result.attention_backends.append(f"{t_name}.{group}: {backend}")
-            for norm_name in ("norm_q", "norm_k"):
-                norm = getattr(module, norm_name, None)
-                weight = getattr(norm, "weight", None)
-                heads, _, head_dim = _module_heads(module) if is_attention_module(module) else (None, None, None)
+            if backend is not None:
+                _add(result.attention_backends, f"{t_name}.{group}: {backend}")
+            heads, _, head_dim = _module_heads(module)
+            for norm_name in ("norm_q", "norm_k"):  # a norm over heads * head_dim spans every head
+                weight = getattr(getattr(module, norm_name, None), "weight", None)
                 if weight is not None and heads and head_dim and heads > 1 and weight.numel() == heads * head_dim:
-                    entry = f"{t_name}.{group}.{norm_name}"
-                    if entry not in result.qk_norm_across_heads:
-                        result.qk_norm_across_heads.append(entry)
+                    _add(result.qk_norm_across_heads, f"{t_name}.{group}.{norm_name}")
         for group, module in modules.items():
             heads, kv_heads, head_dim = _module_heads(module)
             observed = record.attention.get(group)
@@ -598,6 +592,11 @@ def analyse_attention(transformers: dict[str, Any], probe: Probe, sequence: Sequ
     return result
 
 
+def _add(items: list[str], item: str) -> None:
+    if item not in items:
+        items.append(item)
+
+
 def _attention_kind(q_len: int, kv_len: int, sequence: Sequence) -> str:
     if q_len != kv_len:
         return "cross"
@@ -622,9 +621,9 @@ def _mask_inputs(probe: Probe, result: Attention) -> None:
     for name, record in probe.transformers.items():
         if record.first_call is not None:
             scan(f"transformer input {name}", record.first_call.bound)
-        for list_name, lst in record.lists.items():
-            if lst.first_call is not None:
-                scan(f"block input {name}.{list_name}", lst.first_call.bound)
+        for list_name, list_record in record.lists.items():
+            if list_record.first_call is not None:
+                scan(f"block input {name}.{list_name}", list_record.first_call.bound)
     result.mask_sources = list(dict.fromkeys(result.mask_sources))
 
 
@@ -650,13 +649,16 @@ def _kernels(transformer) -> list[str]:
 
 
 # -- sequence and divisibility ------------------------------------------------------------------------------------
-def analyse_sequence(record, lists: list[BlockList], transformer) -> tuple[Sequence, int | None]:
+def analyse_sequence(record, lists: list[BlockList]) -> tuple[Sequence, int | None]:
+    """The sequence entering the first block list that runs, its batch, per-token tables and gather points."""
     import torch
 
     sequence = Sequence()
     called = [b for b in lists if b.called]
-    order = {e.rsplit(".", 1)[0]: i for i, e in reversed(list(enumerate(record.events)))}
-    called.sort(key=lambda b: order.get(b.attribute, math.inf))
+    first_event: dict[str, int] = {}
+    for i, event in enumerate(record.events):
+        first_event.setdefault(event.rsplit(".", 1)[0], i)
+    called.sort(key=lambda b: first_event.get(b.attribute, math.inf))
     if not called:
         return sequence, None
     first = called[0]
@@ -743,9 +745,8 @@ _MOD = re.compile(r"(^|\.)(norm\w*\.linear|adaLN\w*|\w*modulation\w*(\.\d+)?|sca
 def tp_layers(block, dim: int | None = None) -> list[dict[str, Any]]:
     """Linear layers of one block with a first-guess TP style (a draft: every row must be reviewed).
 
-    Attention projections and modulation layers are recognised by name. Other layers are grouped by their first
-    path component (`ff`, `ffn`, `proj_mlp`, ...): a layer reading the block width `dim` is Colwise, one writing it
-    back is Rowwise.
+    Attention projections and modulation layers are recognised by name. Of the other layers (FFN and the like),
+    one that reads the block width `dim` is Colwise and one that writes it back is Rowwise.
     """
     import torch
 
@@ -775,7 +776,15 @@ def tp_layers(block, dim: int | None = None) -> list[dict[str, Any]]:
 def _analyse_lists(name: str, transformer, record) -> tuple[list[BlockList], list[str]]:
     lists = [analyse_block_list(name, attribute, blocks, record.lists.get(attribute) if record else None)
              for attribute, blocks in block_lists(transformer).items()]
-    return lists, between_lists(name, record) if record else []
+    if record is None:
+        return lists, []
+    for block in lists:
+        inside = calls_inside_loop(record, block.attribute)
+        if inside:
+            block.loop_findings.append(f"the loop also calls {inside} between blocks; a cached block list would "
+                                       "skip that work")
+            block.patch_functor_needed = True
+    return lists, between_lists(name, record)
 
 
 def observe_transformer(transformer, run, name: str = "transformer") -> tuple[list[BlockList], list[str], int]:
@@ -854,8 +863,7 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
         between += t_between
 
     primary = next(iter(transformers))
-    sequence, batch = analyse_sequence(probe.transformers[primary], [b for b in lists if b.transformer == primary],
-                                       transformers[primary])
+    sequence, batch = analyse_sequence(probe.transformers[primary], [b for b in lists if b.transformer == primary])
     attention = analyse_attention(transformers, probe, sequence)
     sequence.joint = any(g.kind == "joint" for g in attention.groups)
     if sequence.joint:

@@ -211,7 +211,8 @@ class _SdpaRecorder(TorchFunctionMode):
 
 
 class Probe:
-    """Context manager: `with Probe(pipe.components) as probe: pipe(...)`; read `probe.transformers` after."""
+    """Context manager over `{name: transformer}`: `with Probe(transformers) as probe: pipe(...)`, then read
+    `probe.transformers` (one `TransformerRecord` per name) and `probe.step_calls`."""
 
     def __init__(self, transformers: dict[str, torch.nn.Module]):
         self.transformers = {name: TransformerRecord(name) for name in transformers}
@@ -268,8 +269,9 @@ class Probe:
                 self._hook(block, pre, post)
 
         names = set(lists)
+        block_classes = tuple(type(blocks[0]) for blocks in lists.values())
         for path, module in transformer.named_modules():
-            if path and is_attention_module(module) and not isinstance(module, tuple(type(b[0]) for b in lists.values())):
+            if path and is_attention_module(module) and not isinstance(module, block_classes):
                 pre, post = self._attention_hooks(record, _group_name(path, names), module)
                 self._hook(module, pre, post)
 
