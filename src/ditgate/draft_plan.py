@@ -85,7 +85,7 @@ def _cache(a: "Anatomy", adapter: dict[str, Any] | None) -> tuple[list[str], boo
     lines.append(f"- transformer={transformers[0] if len(transformers) == 1 else transformers}")
     for t, bs in by_transformer.items():
         lines.append(f"- `{t}` blocks: " + ", ".join(f"`{b.attribute}` -> {b.pattern or 'none'}" for b in bs))
-    lines.append(f"- has_separate_cfg={a.has_separate_cfg} (measured: {a.calls_per_step:g} transformer calls per step)"
+    lines.append(f"- has_separate_cfg={a.has_separate_cfg} (measured transformer calls per step: {a.calls_per_step:g})"
                  if a.calls_per_step is not None else "- has_separate_cfg: not measured")
     check = all(b.check_forward_pattern is not False for b in called)
     lines.append(f"- check_forward_pattern={'True (default for diffusers)' if check else 'False'}")
@@ -94,7 +94,7 @@ def _cache(a: "Anatomy", adapter: dict[str, Any] | None) -> tuple[list[str], boo
                                        if functor else "not needed (each loop body is one block call)"))
     lines.append("")
     lines += [_box("block lists and ForwardPattern confirmed against the block source "
-                   "(" + ", ".join(f"{b.attribute}: {b.pattern_reason}" for b in called) + ")"),
+                   "(" + ", ".join(f"{b.attribute}: {b.pattern or 'none'}" for b in called) + ")"),
               _box(f"has_separate_cfg={a.has_separate_cfg} set from the measured calls per step")]
     for b in functor:
         why = "; ".join(b.loop_findings) or b.pattern_reason
@@ -176,14 +176,15 @@ def _tp(a: "Anatomy", planners: dict[str, Any]) -> tuple[list[str], bool]:
     return lines, bool(missing)
 
 
-def _registry_phase(components: list, planners: dict[str, Any], kind: str) -> tuple[list[str], bool]:
+def _registry_phase(components: list, planners: dict[str, Any], kind: str) -> tuple[list[str], bool | None]:
+    """Lines for TE-P or VAE-P; the flag is None when the pipeline has no such component (nothing to check)."""
+    if not components:
+        return [f"- the pipeline has no {'text encoder' if kind == 'TE-P' else 'VAE'}: nothing to do"], None
     lines = []
     for c in components:
         planner = planners.get(c.name)
         lines.append(f"- `{c.name}` ({c.cls}): " + (f"cache-dit registers {planner}" if planner
                                                     else f"no {kind} planner registered"))
-    if not components:
-        lines.append(f"- no component for {kind}")
     lines.append("")
     missing = [c for c in components if planners.get(c.name) is None]
     if kind == "TE-P":
@@ -213,8 +214,9 @@ def render(a: "Anatomy") -> str:
                _registry_phase(a.components["vaes"], support["vae_planners"], "VAE-P"))]
     plugin = False
     for title, key, (lines, needs_plugin) in phases:
-        plugin = plugin or (needs_plugin and key in ("cache", "cp", "tp"))
-        out += [f"## {title}", *lines, f"Check: {run_command(a, key, plugin)}", ""]
+        plugin = plugin or bool(needs_plugin and key in ("cache", "cp", "tp"))
+        check = [] if needs_plugin is None else [f"Check: {run_command(a, key, plugin)}"]
+        out += [f"## {title}", *lines, *check, ""]
     examples = support["cli_examples"]
     out += ["## 6. CLI (`cache-dit-generate`)",
             f"cache-dit examples using {a.pipeline.cls}: {', '.join(examples)}." if examples else
