@@ -26,3 +26,30 @@ class UnknownZooModelError(DitgateError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+class MetricInputError(DitgateError, ValueError):
+    """Inputs a metric cannot score correctly: mismatched shapes, an ambiguous layout, an unknown value range,
+    an image smaller than the SSIM window."""
+
+
+class NonFiniteError(MetricInputError):
+    """An input holds NaN or Inf. `which` names the input ("baseline", "candidate", ...), `kind` is "NaN" or "Inf"."""
+
+    def __init__(self, which: str, kind: str):
+        super().__init__(f"{which} contains {kind}")
+        self.which = which
+        self.kind = kind
+
+
+class GateConfigError(DitgateError):
+    """`checklists/gates.json` (or the file given instead) is missing or does not follow its schema."""
+
+
+class GateInputError(DitgateError, ValueError):
+    """A gate cannot be evaluated as asked: unknown phase or modality, no check for that modality, or a check
+    that needs an input that was not given (e.g. the initial noise for `disp_rel_error`)."""
+
+
+class PipelineRunError(DitgateError):
+    """Running the pipeline (to observe it) failed, or it has nothing to observe."""

@@ -1,0 +1,208 @@
+"""`ditgate gate --phase PHASE BASE CAND`: check one output against its baseline with the phase's gate.
+
+BASE and CAND are files or folders of the same kind:
+- an image (.png, .jpg, .jpeg, .webp, .bmp, .tif, .tiff)                        -> image
+- a folder of frames (sorted by name; both folders must hold the same names)    -> video
+- a .npy array (F, H, W, C) with C = 1 or 3                                     -> video
+- a .npy array (H, W, C) with C = 1 or 3                                        -> image
+- any other .npy array, or a tensor saved with torch.save (.pt, .pth)           -> latent
+- a .wav file (PCM, read with the standard library)                             -> audio
+Exit status: 0 when the gate passes, 1 when it fails, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import wave
+from pathlib import Path
+from typing import Any
+
+from ..errors import GateInputError
+
+HELP = "check a candidate output against its baseline with a phase's gate (checklists/gates.json)"
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"}
+TENSOR_SUFFIXES = {".npy", ".pt", ".pth"}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--phase", required=True, help="phase whose gate applies (cache, cp, tp, tep, vaep, ...)")
+    parser.add_argument("base", metavar="BASE", help="baseline output: image, frame folder, .npy, .pt or .wav")
+    parser.add_argument("cand", metavar="CAND", help="candidate output of the same kind")
+    parser.add_argument("--modality", choices=("image", "video", "audio", "latent"),
+                        help="override the modality inferred from the inputs")
+    parser.add_argument("--latents", nargs=2, metavar=("BASE_LAT", "CAND_LAT"),
+                        help="final latents (.npy/.pt) of baseline and candidate: adds the phase's latent checks")
+    parser.add_argument("--noise", metavar="FILE", help="initial noise latents (.npy/.pt), for disp_rel_error")
+    parser.add_argument("--dtype", default="float32", help="dtype the phase ran in (default float32)")
+    parser.add_argument("--floor", action="append", default=[], metavar="METRIC=VALUE",
+                        help="audio noise floor from a calibration rerun, e.g. mel_psnr=23.5 (repeatable)")
+    parser.add_argument("--gates", metavar="FILE", help="gate table to use instead of checklists/gates.json")
+    parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+
+# ------------------------------------------------------------------------------------------------- reading
+
+
+def _read_image(path: Path) -> Any:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image.copy()
+    except (OSError, UnidentifiedImageError) as exc:
+        raise GateInputError(f"cannot read image {path}: {exc}") from exc
+
+
+def _read_tensor(path: Path, header_only: bool = False) -> Any:
+    try:
+        if path.suffix.lower() == ".npy":
+            import numpy as np
+
+            return np.load(path, allow_pickle=False, mmap_mode="r" if header_only else None)
+        import torch
+
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise GateInputError(f"cannot read {path}: {exc}") from exc
+    if not hasattr(value, "shape"):
+        raise GateInputError(f"{path} holds a {type(value).__name__}, not a tensor")
+    return value
+
+
+def _read_wav(path: Path) -> tuple[Any, int]:
+    import numpy as np
+
+    try:
+        with wave.open(str(path), "rb") as wav:
+            channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
+            raw = wav.readframes(wav.getnframes())
+    except (OSError, wave.Error, EOFError) as exc:
+        raise GateInputError(f"cannot read WAV file {path}: {exc}") from exc
+    if width == 3:  # 24-bit PCM: widen to int32
+        bytes3 = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3)
+        samples = (bytes3[:, 0].astype(np.int32) << 8 | bytes3[:, 1].astype(np.int32) << 16
+                   | bytes3[:, 2].astype(np.int32) << 24)
+    else:
+        dtypes = {1: np.uint8, 2: np.dtype("<i2"), 4: np.dtype("<i4")}
+        if width not in dtypes:
+            raise GateInputError(f"{path}: unsupported sample width of {width} bytes")
+        samples = np.frombuffer(raw, dtype=dtypes[width])
+    return samples.reshape(-1, channels).T.copy(), rate
+
+
+def _frame_names(folder: Path) -> list[str]:
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not names:
+        raise GateInputError(f"{folder} holds no image frames ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    return names
+
+
+def infer_modality(path: Path) -> str:
+    """The modality a file or folder holds (see the module docstring)."""
+    if not path.exists():
+        raise GateInputError(f"no such file or folder: {path}")
+    if path.is_dir():
+        return "video"
+    suffix = path.suffix.lower()
+    if suffix in IMAGE_SUFFIXES:
+        return "image"
+    if suffix == ".wav":
+        return "audio"
+    if suffix in TENSOR_SUFFIXES:
+        shape = tuple(_read_tensor(path, header_only=True).shape)
+        if len(shape) in (3, 4) and shape[-1] in (1, 3):
+            return "video" if len(shape) == 4 else "image"
+        return "latent"
+    raise GateInputError(f"{path}: unknown kind of file (expected an image, a frame folder, .npy, .pt or .wav)")
+
+
+def read_pair(base: Path, cand: Path, modality: str) -> tuple[Any, Any, int | None]:
+    """(baseline, candidate, sample rate or None) read as `modality`."""
+    if modality == "audio":
+        (b, rate_b), (c, rate_c) = _read_wav(base), _read_wav(cand)
+        if rate_b != rate_c:
+            raise GateInputError(f"sample rates differ: {base} {rate_b} Hz, {cand} {rate_c} Hz")
+        return b, c, rate_b
+    if base.is_dir() or cand.is_dir():
+        if not (base.is_dir() and cand.is_dir()):
+            raise GateInputError("BASE and CAND must both be frame folders, or neither")
+        names_b, names_c = _frame_names(base), _frame_names(cand)
+        if names_b != names_c:
+            only_b, only_c = sorted(set(names_b) - set(names_c)), sorted(set(names_c) - set(names_b))
+            raise GateInputError(f"frame folders hold different frames: only in BASE {only_b[:5]}, "
+                                 f"only in CAND {only_c[:5]}")
+        return [_read_image(base / n) for n in names_b], [_read_image(cand / n) for n in names_c], None
+    def read(path: Path) -> Any:
+        return _read_image(path) if path.suffix.lower() in IMAGE_SUFFIXES else _read_tensor(path)
+
+    return read(base), read(cand), None
+
+
+def _parse_floor(items: list[str]) -> dict[str, float] | None:
+    floor = {}
+    for item in items:
+        metric, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError(item)
+            floor[metric.strip()] = float(value)
+        except ValueError:
+            raise GateInputError(f"--floor takes METRIC=VALUE, got {item!r}") from None
+    return floor or None
+
+
+# ------------------------------------------------------------------------------------------------- output
+
+
+def _table(verdict: Any) -> str:
+    from ..gates import format_value
+
+    rows = [("metric", "value", "threshold", "result")]
+    checked = set()
+    for check in verdict.checks:
+        checked.add(check.metric)
+        value = ("n/a" if check.value is None else f"{check.value:g}") if check.metric == "garbled" else \
+            format_value(check.metric, check.value)
+        threshold = f"{check.op} " + (f"{check.threshold:g}" if check.metric == "garbled" else
+                                      format_value(check.metric, check.threshold, threshold=True))
+        rows.append((check.metric, value, threshold, "pass" if check.passed else "FAIL"))
+    rows += [(name, format_value(name, value), "-", "-")
+             for name, value in verdict.metrics.items() if name not in checked]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from .. import gates
+
+    base, cand = Path(args.base), Path(args.cand)
+    modality = args.modality
+    if modality is None:
+        kinds = infer_modality(base), infer_modality(cand)
+        if kinds[0] != kinds[1]:
+            raise GateInputError(f"BASE looks like {kinds[0]} and CAND like {kinds[1]}; pass --modality")
+        modality = kinds[0]
+    else:
+        for path in (base, cand):
+            if not path.exists():
+                raise GateInputError(f"no such file or folder: {path}")
+    baseline, candidate, sample_rate = read_pair(base, cand, modality)
+    latents = tuple(_read_tensor(Path(p)) for p in args.latents) if args.latents else None
+    noise = _read_tensor(Path(args.noise)) if args.noise else None
+    table = gates.load_gates(args.gates) if args.gates else None
+    verdict = gates.evaluate(args.phase, modality, baseline, candidate, latents=latents, noise=noise,
+                             dtype=args.dtype, sample_rate=sample_rate, floor=_parse_floor(args.floor), gates=table)
+    if args.json:
+        print(json.dumps(verdict.to_dict(), indent=2))
+    else:
+        print(f"ditgate gate: phase {verdict.phase}, {verdict.modality}: {base} vs {cand}")
+        print(_table(verdict))
+        print("PASS" if verdict.passed else "FAIL")
+        for reason in verdict.reasons:
+            print(f"  - {reason}")
+    return 0 if verdict.passed else 1
