@@ -43,28 +43,27 @@ BALANCED = "cache-balanced"
 
 
 def _cache(preset: str, max_fn: int | None, taylorseer: bool) -> tuple[dict[str, Any], str]:
-    fn, bn, mask, source = PRESETS[preset]
-    note = ""
+    fn, bn, mask, _ = PRESETS[preset]
+    cap = ""
     if max_fn is not None and fn + bn > max_fn:
-        fn, note = max(1, max_fn - bn), f" (Fn capped at {max(1, max_fn - bn)}: the model has {max_fn + 1} blocks)"
+        fn, cap = max(1, max_fn - bn), f" (Fn capped from {fn}: the model has {max_fn + 1} blocks)"
     cache = {"Fn_compute_blocks": fn, "Bn_compute_blocks": bn, "mask": mask}
     if taylorseer:
         cache["taylorseer"] = TAYLORSEER_ORDER
-    what = f"DBCache F{fn}B{bn}, static {mask!r} schedule" + (f", TaylorSeer order {TAYLORSEER_ORDER}" if taylorseer
-                                                               else "")
-    return cache, f"{what}{note}. {source}"
+    return cache, (f"DBCache F{fn}B{bn}{cap}, cache-dit's {mask!r} step schedule (static)"
+                   + (f", TaylorSeer order {TAYLORSEER_ORDER}" if taylorseer else ""))
 
 
 def _parallel_name(u: int, t: int) -> str:
     if u > 1 and t > 1:
         return f"hybrid-u{u}xtp{t}"
-    return f"ulysses-{u}" if u > 1 else f"tp-{t}"
+    return f"cp-ulysses-{u}" if u > 1 else f"tp-{t}"
 
 
 def _parallel_row(u: int, t: int, cache: dict | None = None) -> Row:
     parallel = {k: v for k, v in (("ulysses_size", u), ("tp_size", t)) if v > 1}
     name = _parallel_name(u, t)
-    what = {"hybrid": f"Ulysses-{u} x TP-{t} on {u * t} ranks", "ulysses": f"Ulysses context parallelism, {u} ranks",
+    what = {"hybrid": f"Ulysses-{u} x TP-{t} on {u * t} ranks", "cp": f"Ulysses context parallelism, {u} ranks",
             "tp": f"tensor parallelism of the transformer, {t} ranks"}[name.split("-")[0]]
     if cache:
         return Row(f"{BALANCED}+{name}", "cache", cache=cache, parallel=parallel,
@@ -93,7 +92,7 @@ def matrix_rows(tier: str = "A", max_fn: int | None = None) -> list[Row]:
             description="torch.compile of the transformer's repeated blocks (cache-dit's --compile), "
                         "cache-dit's compiler settings; gated as exact"),
         Row(f"{BALANCED}+compile", "cache", cache=balanced, compile=True,
-            description=f"{note} Plus torch.compile of the repeated blocks. Gated as cache"),
+            description=f"{note}, plus torch.compile of the repeated blocks; gated as cache"),
         Row("quant-fp8", "quantization", quantize={"quant_type": QUANT_TYPE},
             description=f"cache-dit QuantizeConfig(quant_type={QUANT_TYPE!r}) of the transformer (torchao)"),
         _parallel_row(2, 1), _parallel_row(1, 2), _parallel_row(2, 1, balanced),
@@ -199,6 +198,8 @@ def _status(record: dict[str, Any]) -> str:
 def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
            prediction_note: str | None = None) -> dict[str, Any]:
     """matrix.json: the report's rows reduced to what an acceptance table shows."""
+    import torch
+
     rows = []
     for r in report["rows"]:
         m = r.get("metrics") or {}
@@ -217,6 +218,7 @@ def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
     return {
         "model": report["model"], "tier": tier, "device": report["device"], "dtype": report["dtype"],
         "request": report["request"], "versions": report["versions"], "warmup": warmup, "repeats": repeats,
+        "cpu_threads": None if str(report["device"]).startswith("cuda") else torch.get_num_threads(),
         "run_dir": report["run_dir"], "flops": report.get("flops"),
         "prediction_note": prediction_note or report.get("prediction_note"),
         "passed": all(r["status"] == "passed" for r in ran),
@@ -277,10 +279,12 @@ def markdown(data: dict[str, Any]) -> str:
                          f"{p['transformer']:.2f}x possible")
     lines += ["", "Columns: speedup = baseline latency / row latency; predicted = the ceiling from FLOPs and the "
                   "baseline's transformer time share (communication free); efficiency = speedup / predicted.",
-              "Rows are described in matrix.json (`description`, `config`)."]
+              "Rows are described in matrix.json (`description`, `config`). Cache presets: "
+              + "; ".join(f"{name}: {source}" for name, (*_, source) in PRESETS.items()) + "."]
     if str(data["device"]).startswith("cpu"):
-        lines.append("On CPU the ranks of a parallel row share the machine's cores: those rows check correctness, "
-                     "their speedups say nothing about GPUs. Peak memory is the process's peak resident set.")
+        lines.append(f"On CPU the ranks of a parallel row share the machine's cores: those rows check correctness, "
+                     f"their speedups say nothing about GPUs. Every process (a single-process row, each rank) ran "
+                     f"{data['cpu_threads']} thread(s). Peak memory is the process's peak resident set.")
     lines += ["", "![speedup against PSNR](speedup_vs_psnr.png)"]
     return "\n".join(lines) + "\n"
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 from pathlib import Path
 
 from .run import add_model_arguments, build_request, resolve_device
@@ -24,22 +26,40 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished rows")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds a parallel group may go without progress before it is killed (default 600)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU only: threads of every process, the single-process rows and each rank alike, so "
+                             "an N-rank row has N times the cores of the baseline (default 1)")
     parser.add_argument("--json", action="store_true", help="print matrix.json instead of the table")
 
 
-def _check_tier(tier: str, device: str) -> None:
-    from ..errors import DitgateError
-    from ..perf import TIERS
-
-    if not device.startswith("cuda"):
-        return
+@contextlib.contextmanager
+def cpu_threads(count: int):
+    """Run torch with `count` threads here and in every torchrun rank (OMP_NUM_THREADS), then put both back."""
     import torch
 
-    have = torch.cuda.device_count()
-    if TIERS[tier] > have:
-        lower = [t for t, n in TIERS.items() if n <= have]
-        raise DitgateError(f"tier {tier} needs {TIERS[tier]} GPUs and this machine has {have}"
-                           + (f": run --tier {lower[-1]}" if lower else ""))
+    saved = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(count)
+    os.environ["OMP_NUM_THREADS"] = str(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        if saved[1] is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved[1]
+
+
+def tier_refusal(tier: str, gpus: int) -> str | None:
+    """Why a GPU machine with `gpus` devices cannot run `tier`; None when it can. Tier A runs on one GPU (its
+    2-device rows are then refused one by one); B and C exist for their multi-device rows and need all of them."""
+    from ..perf import TIERS
+
+    if tier == "A" or TIERS[tier] <= gpus:
+        return None
+    lower = [t for t, n in TIERS.items() if n <= gpus]
+    return f"tier {tier} needs {TIERS[tier]} GPUs and this machine has {gpus}" + (
+        f": run --tier {lower[-1]}, or on a machine with {TIERS[tier]} GPUs" if lower else "")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -49,13 +69,18 @@ def main(args: argparse.Namespace) -> int:
     from ..loader import resolve
     from ..runner import RunConfig, run
 
-    if args.warmup < 0 or args.repeats < 1:
-        raise DitgateError("--warmup must be >= 0 and --repeats >= 1")
+    if args.warmup < 0 or args.repeats < 1 or args.threads < 1:
+        raise DitgateError("--warmup must be >= 0, --repeats and --threads >= 1")
     device = resolve_device(args.device)
     dtype = args.dtype
     if dtype.startswith("auto"):
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    _check_tier(args.tier, device)
+    if device.startswith("cuda"):
+        import torch
+
+        refusal = tier_refusal(args.tier, torch.cuda.device_count())
+        if refusal:
+            raise DitgateError(refusal)
     request = build_request(args)
     model_path = resolve(args.model)
     profile, note = perf.profile_for(model_path, request, dtype)
@@ -68,8 +93,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = RunConfig(model=args.model, rows=chosen, request=request, out=args.out, dtype=dtype, device=device,
                     pipeline=args.pipeline, trust_remote_code=args.trust_remote_code, timeout=args.timeout,
                     resume=args.resume, warmup=args.warmup, repeats=args.repeats)
-    report = run(cfg, profile=profile)
-    data = perf.matrix(report, args.tier, args.warmup, args.repeats, prediction_note=note)
+    with cpu_threads(args.threads) if not device.startswith("cuda") else contextlib.nullcontext():
+        report = run(cfg, profile=profile)
+        data = perf.matrix(report, args.tier, args.warmup, args.repeats, prediction_note=note)
     run_dir = Path(report["run_dir"])
     perf.write(run_dir, data)
     if args.json:
