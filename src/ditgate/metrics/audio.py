@@ -15,7 +15,7 @@ Mel spectrogram (settings below, fixed so that numbers are comparable across run
 - log scale: dB = 10 log10(max(power, 1e-10));
 - data range: both spectrograms are mapped with the *baseline's* peak P: v = (dB - (P - 80)) / 80, clipped to
   [0, 1], i.e. an 80 dB window below the baseline's loudest bin, data range 1.
-mel_psnr and mel_ssim are the image PSNR and Gaussian SSIM (ssim.py) of those [0, 1] spectrograms, each channel a
+mel_psnr and mel_ssim are the image PSNR and Gaussian SSIM (kernel.py) of those [0, 1] spectrograms, each channel a
 single-channel image of 128 x frames; at least 11 frames (5120 samples) are needed for the SSIM window.
 """
 
@@ -30,7 +30,7 @@ import torch
 from ..errors import MetricInputError
 from .convert import check_finite, raw_tensor, require_same_shape
 from .image import FrameScores
-from .ssim import WINDOW, frame_sums
+from .kernel import WINDOW, frame_sums
 
 N_FFT = 2048
 HOP = 512

@@ -92,11 +92,12 @@ def ssim_map(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor | None = None
     `shift` (broadcastable to (n, 1, 1, c)) is subtracted before the second moments are filtered and added back to
     the means: variances and covariances do not change under a constant shift, and float32 sums of centred values
     lose far less to cancellation (without it the mean SSIM of a smooth image is off by about 1e-5). By default it
-    is the per-frame, per-channel mean of both inputs.
+    is the mean of both inputs per frame and channel (frame_sums calls this per strip of rows, so the shift
+    follows the image's brightness down the frame). Inputs may be float32 or float64; the map has their dtype.
     """
     n, h, w, c = x.shape
     if blur is None:
-        blur = GaussianFilter(x.device)
+        blur = GaussianFilter(x.device, x.dtype)
     if shift is None:
         shift = (x.mean(dim=(1, 2), keepdim=True) + y.mean(dim=(1, 2), keepdim=True)) / 2
     shift = shift.expand(n, 1, 1, c).permute(1, 0, 3, 2)           # (1, n, c, 1)
@@ -146,12 +147,21 @@ def _segments(length: int, grid: int, device: torch.device) -> tuple[torch.Tenso
     return onehot, np.diff(edges)
 
 
-def frame_sums(x: torch.Tensor, y: torch.Tensor, grid: int = 1) -> KernelOutput:
-    """Squared error and SSIM tile sums of two float32 (N, H, W, C) batches in [0, 1] on the same device."""
+def frame_sums(x: torch.Tensor, y: torch.Tensor, grid: int = 1,
+               precision: torch.dtype = torch.float32) -> KernelOutput:
+    """Squared error and SSIM tile sums of two float32 (N, H, W, C) batches in [0, 1] on the same device.
+
+    `precision` is the dtype the SSIM statistics are computed in. float32 (the default) agrees with scikit-image
+    (float64) to about 1e-8 on natural and noisy images; where a large flat region differs by a constant offset
+    between the inputs, float32 rounding of the local variance (relative to C2 = 9e-4) can move SSIM by up to about
+    1e-4. float64 agrees to 1e-9 everywhere and takes about 2.3 times as long on a CPU.
+    """
     n, h, w, c = x.shape
     check_size(h, w, grid)
+    if precision not in (torch.float32, torch.float64):
+        raise MetricInputError(f"precision must be torch.float32 or torch.float64, got {precision}")
     mh, mw = h - 2 * RADIUS, w - 2 * RADIUS
-    blur = GaussianFilter(x.device)
+    blur = GaussianFilter(x.device, precision)
     col_onehot, col_sizes = _segments(mw, grid, x.device)
     row_onehot, row_sizes = _segments(mh, grid, x.device)
     if x.device.type == "cpu":
@@ -167,10 +177,10 @@ def frame_sums(x: torch.Tensor, y: torch.Tensor, grid: int = 1) -> KernelOutput:
         diff = xs - ys
         sse[f0:f1] = torch.sum(diff.mul_(diff), dim=(1, 2, 3), dtype=torch.float64)
         identical[f0:f1] = sse[f0:f1] == 0
-        shift = (xs.mean(dim=(1, 2), keepdim=True) + ys.mean(dim=(1, 2), keepdim=True)) / 2
+        xp, yp = xs.to(precision), ys.to(precision)
         for r0 in range(0, mh, strip):
             r1 = min(mh, r0 + strip)
-            m = ssim_map(xs[:, r0:r1 + 2 * RADIUS], ys[:, r0:r1 + 2 * RADIUS], shift, blur)
+            m = ssim_map(xp[:, r0:r1 + 2 * RADIUS], yp[:, r0:r1 + 2 * RADIUS], blur=blur)
             row_tiles[r0:r1, f0:f1] = m.sum(dim=2).to(torch.float64) @ col_onehot
     tile_sums = torch.einsum("rg,rnk->ngk", row_onehot, row_tiles)
     counts = np.outer(row_sizes, col_sizes) * c
