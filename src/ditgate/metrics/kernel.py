@@ -10,10 +10,11 @@ SSIM is Wang et al.'s definition with a Gaussian window, exactly as scikit-image
 
 torchmetrics' `structural_similarity_index_measure` computes the same per-pixel map but pads by reflection and
 averages the border too, which moves the result by about 1e-4 from scikit-image; with `return_full_image=True` and
-the 5-pixel crop it agrees with this kernel to 1e-6 (tests/test_metrics.py checks both). It is not used here
-because its 11x11 non-separable grouped convolution was slower on a CPU than scikit-image itself
-(benchmarks/README.md). This kernel filters separably (11 + 11 taps) with depthwise convolutions on channels-last
-data, stacking the four maps it needs (x, y, x^2 + y^2, xy) as channels of one convolution.
+the 5-pixel crop it agrees with this kernel to 1e-6 (tests/test_metrics.py checks both). It is not used here:
+its 11x11 non-separable grouped convolution is slower on a CPU than scikit-image itself (benchmarks/README.md).
+This kernel filters separably (11 + 11 taps) with matrix products (`GaussianFilter`), the four maps it needs
+(x, y, x^2 + y^2, xy for every channel of every frame) side by side in one planar buffer, so a whole chunk of
+frames is filtered by a few dozen GEMMs.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ C2 = (K2 * DATA_RANGE) ** 2
 
 # Work sizes. On a CPU one strip of output rows of one frame at a time keeps the working set in cache (the
 # element-wise steps are memory bound there); on a GPU many whole frames go into each call.
-BAND = 16                     # outputs per block of the banded filter matrices
+BAND = 32                     # outputs per block of the banded filter matrices
 CPU_STRIP_ROWS = 64           # SSIM-map rows per strip on a CPU
 GPU_CHUNK_ELEMENTS = 1 << 25  # input elements (frames x H x W x C) per chunk on a GPU
 
@@ -53,9 +54,9 @@ class GaussianFilter:
     """Valid-mode separable Gaussian filtering as dense matrix products.
 
     Filtering n outputs along an axis is a banded (n, n + 10) matrix times the data. The band is cut into blocks of
-    BAND outputs, so each block is a small dense (BAND, BAND + 10) matrix applied with one GEMM: about twice the
-    multiply-adds of a direct 11-tap filter, but run at matrix-multiply speed, with no transposes and no copies
-    (outputs are written in place through `out=`). The data is laid out (H, ..., W): rows are filtered by
+    BAND outputs, so each block is a small dense (BAND, BAND + 10) matrix applied with one GEMM: (BAND + 10) / 11
+    times the multiply-adds of a direct 11-tap filter, but run at matrix-multiply speed, with no transposes and no
+    copies (outputs are written in place through `out=`). The data is laid out (H, ..., W): rows are filtered by
     multiplying from the left, columns by multiplying from the right.
     """
 
@@ -108,12 +109,12 @@ def ssim_map(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor | None = None
     torch.mul(xc, xc, out=sq).addcmul_(yc, yc)
     torch.mul(xc, yc, out=xy)
     mu_x, mu_y, sq, xy = blur(z).unbind(2)                          # each (h - 10, n, c, w - 10)
-    # Written so that identical inputs give exactly 1: numerator and denominator then round the same way.
-    cs_num = xy.mul_(2).add_(C2).sub_((mu_x * mu_y).mul_(2))          # 2 cov + C2
-    cs_den = sq.add_(C2).sub_((mu_x * mu_x).add_(mu_y * mu_y))         # var_x + var_y + C2
+    cs_num = xy.mul_(2).add_(C2).addcmul_(mu_x, mu_y, value=-2)                          # 2 cov + C2
+    cs_den = sq.add_(C2).addcmul_(mu_x, mu_x, value=-1).addcmul_(mu_y, mu_y, value=-1)   # var_x + var_y + C2
     mu_x, mu_y = mu_x.add_(shift), mu_y.add_(shift)
-    l_num = (mu_x * mu_y).mul_(2).add_(C1)                          # 2 mu_x mu_y + C1
-    l_den = (mu_x * mu_x).add_(mu_y * mu_y).add_(C1)                # mu_x^2 + mu_y^2 + C1
+    c1 = torch.tensor(C1, dtype=x.dtype, device=x.device)
+    l_num = torch.addcmul(c1, mu_x, mu_y, value=2)                                       # 2 mu_x mu_y + C1
+    l_den = torch.addcmul(c1, mu_x, mu_x).addcmul_(mu_y, mu_y)                           # mu_x^2 + mu_y^2 + C1
     return l_num.mul_(cs_num).div_(l_den.mul_(cs_den))
 
 
