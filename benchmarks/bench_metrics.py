@@ -7,7 +7,8 @@ use_sample_covariance=False, data_range=1, channel_axis=-1)`, `peak_signal_noise
 at a time; ditgate runs `metrics.score_frames` on the whole clip. Printed: seconds, speedup, and the largest
 |difference| of the per-frame values from scikit-image's.
 
-    python benchmarks/bench_metrics.py [--device cuda] [--precision float64] [--threads N] [--torchmetrics] [--json FILE]
+    python benchmarks/bench_metrics.py [--device cuda] [--precision float64] [--threads N] [--torchmetrics]
+                                       [--json FILE]
 """
 
 from __future__ import annotations

@@ -176,8 +176,8 @@ def frame_sums(x: torch.Tensor, y: torch.Tensor, grid: int = 1,
         f1 = min(n, f0 + frames_per_chunk)
         xs, ys = x[f0:f1], y[f0:f1]
         diff = xs - ys
+        identical[f0:f1] = (diff == 0).flatten(1).all(dim=1)
         sse[f0:f1] = torch.sum(diff.mul_(diff), dim=(1, 2, 3), dtype=torch.float64)
-        identical[f0:f1] = sse[f0:f1] == 0
         xp, yp = xs.to(precision), ys.to(precision)
         for r0 in range(0, mh, strip):
             r1 = min(mh, r0 + strip)
