@@ -171,3 +171,60 @@ def test_bad_input_exits_2(run_cli, images, tmp_path):
     bad_table.write_text("{}")
     code, _, err = run_cli("gate", "--phase", "cp", base, base, "--gates", bad_table)
     assert code == 2 and "required property" in err
+
+
+def test_video_files(run_cli, tmp_path):
+    frames = [Image.fromarray(smooth_uint8(seed=i)) for i in range(3)]
+    frames[0].save(tmp_path / "base.gif", save_all=True, append_images=frames[1:], duration=40, loop=0)
+    code, out, _ = run_cli("gate", "--phase", "cp", tmp_path / "base.gif", tmp_path / "base.gif", "--json")
+    assert code == 0 and json.loads(out)["modality"] == "video"
+    (tmp_path / "broken.mp4").write_bytes(b"\0" * 64)
+    code, _, err = run_cli("gate", "--phase", "cp", tmp_path / "broken.mp4", tmp_path / "broken.mp4")
+    assert code == 2 and "cannot decode" in err and "frames" in err
+
+
+def write_row(run_dir, name, output, latents=None, noise=None, modality="image", dtype="float32"):
+    """A row folder in the layout `ditgate run` writes (see ditgate.store)."""
+    folder = run_dir / "rows" / name
+    folder.mkdir(parents=True)
+    np.save(folder / "output.npy", output)
+    if latents is not None:
+        np.save(folder / "latents.npy", latents)
+    if noise is not None:
+        np.save(folder / "noise.npy", noise)
+    (folder / "result.json").write_text(json.dumps({"name": name, "status": "ok", "modality": modality}))
+    (run_dir / "run.json").write_text(json.dumps({"dtype": dtype}))
+    return folder
+
+
+def test_run_row_folders(run_cli, tmp_path):
+    image = smooth_uint8().astype(np.float32) / 255
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    lat = (0.5 * noise + rng.standard_normal(noise.shape)).astype(np.float32)
+    base = write_row(tmp_path / "run", "baseline", image, lat, noise)
+    exact = write_row(tmp_path / "run", "cp-ulysses-2", image, lat + np.float32(1e-7), noise)
+    drift = write_row(tmp_path / "run", "tp-2", image, lat + np.float32(1e-2), noise)
+    code, out, _ = run_cli("gate", "--phase", "cp", base, exact, "--json")
+    verdict = json.loads(out)
+    assert code == 0 and verdict["modality"] == "image" and "max_abs" in verdict["metrics"]
+    code, out, _ = run_cli("gate", "--phase", "tp", base, drift)
+    assert code == 1 and "latent max-abs error" in out
+    code, out, _ = run_cli("gate", "--phase", "cache", base, drift, "--json")
+    assert json.loads(out)["metrics"]["disp_rel_error"] > 0  # the baseline row's noise.npy was used
+    bf16 = tmp_path / "bf16"
+    b = write_row(bf16, "baseline", image, lat, noise, dtype="bf16")
+    d = write_row(bf16, "tp-2", image, lat + np.float32(1e-2), dtype="bf16")
+    code, _, _ = run_cli("gate", "--phase", "tp", b, d)
+    assert code == 0  # the tensor rule is for float32 runs; the run's dtype comes from run.json
+    code, _, _ = run_cli("gate", "--phase", "tp", b, d, "--dtype", "float32")
+    assert code == 1
+
+    t = np.arange(16000) / 16000
+    wave_out = np.stack([0.3 * np.sin(2 * np.pi * 200 * t)] * 2).astype(np.float32)
+    a = write_row(tmp_path / "audio", "baseline", wave_out, modality="audio")
+    c = write_row(tmp_path / "audio", "rerun", wave_out, modality="audio")
+    code, _, err = run_cli("gate", "--phase", "cache", a, c)
+    assert code == 2 and "sample rate" in err
+    code, out, _ = run_cli("gate", "--phase", "cache", a, c, "--sample-rate", "16000", "--json")
+    assert code == 0 and json.loads(out)["modality"] == "audio"
