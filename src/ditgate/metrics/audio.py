@@ -22,6 +22,7 @@ single-channel image of 128 x frames; at least 11 frames (5120 samples) are need
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -131,9 +132,9 @@ def mel_db(wave: torch.Tensor, sample_rate: int) -> torch.Tensor:
 
 
 def _mel_scores(base: torch.Tensor, cand: torch.Tensor, sample_rate: int) -> FrameScores:
-    if not isinstance(sample_rate, int) or sample_rate <= 0:
+    if not isinstance(sample_rate, numbers.Integral) or sample_rate <= 0:
         raise MetricInputError(f"a positive integer sample_rate is needed for mel metrics, got {sample_rate!r}")
-    ref, test = mel_db(base, sample_rate), mel_db(cand, sample_rate)
+    ref, test = mel_db(base, int(sample_rate)), mel_db(cand, int(sample_rate))
     if ref.shape[-1] < WINDOW:
         raise MetricInputError(
             f"audio of {base.shape[-1]} samples gives {ref.shape[-1]} mel frames; SSIM needs at least {WINDOW} "
