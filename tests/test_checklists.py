@@ -202,3 +202,42 @@ def test_plan_without_gather_fails_the_cp_items(tmp_path, run_cli):
     assert code == 1
     assert status["plan-consistent"] == status["ulysses-row"] == status["ring-row"] == "fail"
     assert status["plan-exists"] == status["ulysses-divides"] == status["ring-divides"] == "pass"
+
+
+def test_gate_check_and_cli_checklists_pass_on_flux(tmp_path, run_cli):
+    out = tmp_path / "run"
+    code, _, err = run_cli("checklist", "gate-check,cli", "--model", "zoo:flux", "--out", out)
+    gate, cli = _filled(out, "gate-check"), _filled(out, "cli")
+    assert code == 0, (_status(gate), _status(cli), err[-3000:])
+    evidence = {i["id"]: i["result"]["evidence"] for i in gate["items"]}
+    assert "a second baseline run equals the baseline" in evidence["baseline-reproducible"]
+    assert "max_abs 0" in evidence["baseline-reproducible"]
+    assert _status(cli)["example-registered"] == "pass"
+
+
+def _context(model_path, **kwargs):
+    from ditgate import request, zoo
+    from ditgate.named_checks import Context
+
+    return Context(model="test", model_path=model_path, request=request.build(zoo.read_meta(model_path)), **kwargs)
+
+
+def test_model_folder_fails_without_weights(tmp_path, zoo_path):
+    import shutil
+
+    source = zoo_path("flux")
+    assert CHECKS["model-folder"].run(_context(source), {}).status == "pass"
+    copy = tmp_path / "flux"
+    shutil.copytree(source, copy)
+    for weights in (copy / "vae").glob("*.safetensors"):
+        weights.unlink()
+    outcome = CHECKS["model-folder"].run(_context(copy), {})
+    assert outcome.status == "fail" and "vae/ has a config.json but no weights" in outcome.evidence
+
+
+def test_model_contract_fails_on_unmatched_repeated_blocks(zoo_path):
+    ctx = _context(zoo_path("flux"))
+    assert CHECKS["model-contract"].run(ctx, {}).status == "pass"
+    ctx.pipe().transformer._repeated_blocks = ["FluxTransformerBlock", "RenamedSingleBlock"]
+    outcome = CHECKS["model-contract"].run(ctx, {})
+    assert outcome.status == "fail" and "_repeated_blocks names RenamedSingleBlock" in outcome.evidence

@@ -500,7 +500,7 @@ def _equals_baseline(ctx: Context, name: str, what: str) -> Outcome:
                        noise=load("baseline", "noise"), dtype=ctx.dtype)
     shown = ", ".join(f"{k} {format_value(k, v)}" for k, v in verdict.metrics.items() if k != "worst_tile_ssim")
     if verdict.passed:
-        return passed(f"{what} equals the baseline within the {EXACT_PHASE} gate: {shown}")
+        return passed(f"{what} equals the baseline within the exact gate (phase {EXACT_PHASE}): {shown}")
     return failed(f"{what} differs from the baseline: " + "; ".join(verdict.reasons) + f" ({shown})")
 
 
