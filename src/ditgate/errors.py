@@ -49,3 +49,7 @@ class GateConfigError(DitgateError):
 class GateInputError(DitgateError, ValueError):
     """A gate cannot be evaluated as asked: unknown phase or modality, no check for that modality, or a check
     that needs an input that was not given (e.g. the initial noise for `disp_rel_error`)."""
+
+
+class PipelineRunError(DitgateError):
+    """Running the pipeline (to observe it) failed, or it has nothing to observe."""
