@@ -392,6 +392,16 @@ def _guard(fn: Callable[[], Outcome]) -> Outcome:
         return Outcome("error", f"{type(exc).__name__}: {exc}")
 
 
+def _isolated(ctx: Context, fn: Callable[[], Outcome]) -> Outcome:
+    from .isolation import ClassSnapshot
+
+    snapshot = ClassSnapshot.of(ctx.pipe())
+    try:
+        return fn()
+    finally:
+        snapshot.restore()
+
+
 def _check_of(item: Item) -> NamedCheck:
     return CHECKS[item.check["name"]]
 
@@ -416,100 +426,119 @@ def _fresh_folder(opts: RunOptions) -> Path:
     return run_dir
 
 
-def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[str, Any]]:
-    """Run every automated item; returns the filled-in copies (checklist data with `run` and item `result`s)."""
-    from .loader import resolve
-    from .plugin import PluginError
-    from .rows import BASELINE, DEFAULT_ROWS, select
-    from .runner import RunConfig, _versions, run
+def _needs_anatomy(item: Item) -> bool:
+    return item.kind == "inspect" or item.kind == "named" and _check_of(item).anatomy
 
-    say = opts.progress or (lambda line: print(line, file=sys.stderr, flush=True))
+
+@dataclass
+class _Session:
+    """One run of one or more checklists: the shared context, and each item's outcome as it is decided."""
+
+    opts: RunOptions
+    ctx: Context
+    items: list[tuple[Checklist, Item]]
+    say: Callable[[str], None]
+    outcomes: dict[tuple[str, str], Outcome] = field(default_factory=dict)
+    memo: dict[str, Outcome] = field(default_factory=dict)  # a check with the same arguments runs once
+
+    def named(self) -> list[tuple[Checklist, Item]]:
+        return [(c, i) for c, i in self.items if i.kind == "named"]
+
+    def inspect(self) -> None:
+        """The anatomy, once, on a pipeline nothing has touched (after the integration file registered planners)."""
+        from .plugin import PluginError
+
+        if not any(_needs_anatomy(i) for c, i in self.items):
+            return
+        self.say("checklist: inspecting the model")
+        with contextlib.suppress(PluginError):  # a broken integration file is reported by the items that use it
+            self.ctx.integration()
+        try:
+            self.ctx.anatomy = _anatomy(self.ctx, self.opts)
+        except Exception as exc:  # noqa: BLE001 - every item that needs it reports this
+            error = Outcome("error", f"ditgate inspect failed: {type(exc).__name__}: {exc}")
+            self.outcomes.update(((c.name, i.id), error) for c, i in self.items if _needs_anatomy(i))
+            return
+        for c, i in self.items:
+            if i.kind == "inspect":
+                self.outcomes[c.name, i.id] = check_fact(self.ctx.anatomy, i.check["fact"], i.check["expect"])
+
+    def run_named(self, select: Callable[[NamedCheck], bool]) -> None:
+        for c, i in self.named():
+            check = _check_of(i)
+            if (c.name, i.id) in self.outcomes or not select(check):
+                continue
+            args = check.with_defaults(i.check.get("args"))
+            key = check.name + json.dumps(args, sort_keys=True)
+            if key not in self.memo and check.mutates:  # a pipeline of its own; class-level patches undone after
+                self.ctx.drop_pipe()
+                self.memo[key] = _guard(lambda: _isolated(self.ctx, lambda: check.run(self.ctx, args)))
+                self.ctx.drop_pipe()
+            elif key not in self.memo:
+                self.memo[key] = _guard(lambda: check.run(self.ctx, args))
+            self.outcomes[c.name, i.id] = self.memo[key]
+
+    def run_rows(self, run_dir: Path) -> None:
+        """ONE runner call: every row item, plus the rows that named checks are judged on."""
+        from .rows import BASELINE, DEFAULT_ROWS, select
+        from .runner import RunConfig, run
+
+        wanted = list(dict.fromkeys(i.check["row"] for c, i in self.items if i.kind == "row"))
+        extra = {}
+        for c, i in self.named():
+            check = _check_of(i)
+            if check.rows:
+                try:
+                    extra.update((r.name, r) for r in check.rows(self.ctx, check.with_defaults(i.check.get("args"))))
+                except Exception as exc:  # noqa: BLE001 - recorded for the item
+                    self.outcomes[c.name, i.id] = Outcome("error", f"{type(exc).__name__}: {exc}")
+        if not wanted and not extra:
+            return
+        chosen = select(DEFAULT_ROWS, wanted) if wanted else []
+        if extra and BASELINE.name not in {r.name for r in chosen}:
+            chosen.insert(0, BASELINE)
+        chosen += [r for n, r in extra.items() if n not in {x.name for x in chosen}]
+        self.say(f"checklist: running rows {', '.join(r.name for r in chosen)}")
+        o = self.opts
+        cfg = RunConfig(model=o.model, rows=chosen, request=o.request, out=run_dir, dtype=o.dtype, device=o.device,
+                        integration=o.integration, pipeline=o.pipeline, trust_remote_code=o.trust_remote_code,
+                        timeout=o.timeout)
+        self.ctx.report = run(cfg, progress=self.say)
+        self.ctx.run_dir = Path(self.ctx.report["run_dir"])
+        for c, i in self.items:
+            if i.kind == "row":
+                self.outcomes[c.name, i.id] = _row_outcome(self.ctx.row(i.check["row"]), i.check["row"])
+
+
+def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[str, Any]]:
+    """Run every automated item; returns the filled-in copies (checklist data with `run` and item `result`s).
+
+    Order: inspect; named checks that only read the pipeline (on the inspected copy); the runner; named checks
+    judged on its rows; named checks that change a pipeline (each on a fresh load).
+    """
+    from .loader import resolve
+    from .runner import _versions
+
     run_dir = _fresh_folder(opts)
     ctx = Context(model=opts.model, model_path=resolve(opts.model), request=opts.request, dtype=opts.dtype,
                   device=opts.device, integration_path=opts.integration, pipeline=opts.pipeline,
                   trust_remote_code=opts.trust_remote_code)
-    items = [(c, i) for c in checklists for i in c.items if i.automated]
-    outcomes: dict[tuple[str, str], Outcome] = {}
-    named = [(c, i) for c, i in items if i.kind == "named"]
-
-    # 1. the anatomy, once, on a pipeline nothing has touched (after the integration file registered its planners)
-    anatomy_error = None
-    if any(i.kind == "inspect" or i.kind == "named" and _check_of(i).anatomy for c, i in items):
-        say("checklist: inspecting the model")
-        with contextlib.suppress(PluginError):  # a broken integration file is reported by the items that use it
-            ctx.integration()
-        try:
-            ctx.anatomy = _anatomy(ctx, opts)
-        except Exception as exc:  # noqa: BLE001 - every item that needs it reports this
-            anatomy_error = f"ditgate inspect failed: {type(exc).__name__}: {exc}"
-    for c, i in items:
-        if (i.kind == "inspect" or i.kind == "named" and _check_of(i).anatomy) and anatomy_error:
-            outcomes[c.name, i.id] = Outcome("error", anatomy_error)
-        elif i.kind == "inspect":
-            outcomes[c.name, i.id] = check_fact(ctx.anatomy, i.check["fact"], i.check["expect"])
-
-    memo: dict[str, Outcome] = {}  # the same check with the same arguments runs once for all checklists
-
-    def run_named(c: Checklist, i: Item) -> None:
-        if (c.name, i.id) in outcomes:
-            return
-        check = _check_of(i)
-        args = check.with_defaults(i.check.get("args"))
-        key = check.name + json.dumps(args, sort_keys=True)
-        if key not in memo:
-            if check.mutates:
-                ctx.drop_pipe()  # it gets a pipeline of its own, and leaves nothing changed behind
-            memo[key] = _guard(lambda: check.run(ctx, args))
-            if check.mutates:
-                ctx.drop_pipe()
-        outcomes[c.name, i.id] = memo[key]
-
-    # 2. named checks that only read the pipeline, on the same copy
-    for c, i in named:
-        if not _check_of(i).rows and not _check_of(i).mutates:
-            run_named(c, i)
+    session = _Session(opts, ctx, [(c, i) for c in checklists for i in c.items if i.automated],
+                       opts.progress or (lambda line: print(line, file=sys.stderr, flush=True)))
+    session.inspect()
+    session.run_named(lambda check: not check.rows and not check.mutates)
     ctx.drop_pipe()
-
-    # 3. one runner call: every row item, plus the rows named checks are judged on
-    wanted = list(dict.fromkeys(i.check["row"] for c, i in items if i.kind == "row"))
-    extra: dict[str, Any] = {}
-    for c, i in named:
-        check = _check_of(i)
-        if check.rows:
-            try:
-                extra.update((r.name, r) for r in check.rows(ctx, check.with_defaults(i.check.get("args"))))
-            except Exception as exc:  # noqa: BLE001
-                outcomes[c.name, i.id] = Outcome("error", f"{type(exc).__name__}: {exc}")
-    if wanted or extra:
-        chosen = select(DEFAULT_ROWS, wanted) if wanted else []
-        if extra and not any(r.name == BASELINE.name for r in chosen):
-            chosen.insert(0, BASELINE)
-        chosen += [r for n, r in extra.items() if n not in {x.name for x in chosen}]
-        say(f"checklist: running rows {', '.join(r.name for r in chosen)}")
-        cfg = RunConfig(model=opts.model, rows=chosen, request=opts.request, out=run_dir, dtype=opts.dtype,
-                        device=opts.device, integration=opts.integration, pipeline=opts.pipeline,
-                        trust_remote_code=opts.trust_remote_code, timeout=opts.timeout)
-        ctx.report = run(cfg, progress=say)
-        ctx.run_dir = Path(ctx.report["run_dir"])
-    for c, i in items:
-        if i.kind == "row":
-            outcomes[c.name, i.id] = _row_outcome(ctx.row(i.check["row"]), i.check["row"])
-
-    # 4. checks judged on the runner's rows, then checks that change the pipeline
-    for c, i in named:
-        if _check_of(i).rows:
-            run_named(c, i)
-    for c, i in named:
-        run_named(c, i)
+    session.run_rows(run_dir)
+    session.run_named(lambda check: bool(check.rows))
+    session.run_named(lambda check: True)
     ctx.drop_pipe()
-
     run_info = {
         "model": opts.model, "integration": str(opts.integration) if opts.integration else None,
         "dtype": opts.dtype, "device": opts.device, "request": opts.request.to_dict(), "run_dir": str(run_dir),
         "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
     }
     run_info = json.loads(json.dumps(run_info, default=str))  # plain types only (torch's version is a str subclass)
-    return [fill(c, outcomes, run_info) for c in checklists]
+    return [fill(c, session.outcomes, run_info) for c in checklists]
 
 
 def fill(checklist: Checklist, outcomes: dict[tuple[str, str], Outcome], run_info: dict[str, Any]) -> dict[str, Any]:

@@ -367,7 +367,8 @@ def cp_plan_consistent(ctx: Context, args: dict[str, Any]) -> Outcome:
     elif not gathers:
         problems.append("the plan splits the sequence but gathers nothing (no _ContextParallelOutput): the output "
                         "stays split across ranks")
-    summary = f"splits {', '.join(splits) or 'nothing'}; gathers at {', '.join(g or '<root>' for g in gathers) or 'nothing'}"
+    gathered = ", ".join(g or "<root>" for g in gathers) or "nothing"
+    summary = f"splits {', '.join(splits) or 'nothing'}; gathers at {gathered}"
     if problems:
         return failed(f"{source} for {t_name}: " + "; ".join(problems) + f" ({summary})")
     return passed(f"{source} for {t_name}: {summary}")
