@@ -52,7 +52,8 @@ def test_each_feature_proves_it_acted(flux_report):
     facts = by_name["cache"]["facts"]
     assert facts["cache"][0]["cached_steps"] == [2, 4, 6]  # the static schedule: warm-up 2, then every other step
     assert facts["last_block_calls"]["transformer.single_transformer_blocks"] == 5  # 8 steps, 3 skipped
-    assert by_name["cp-ulysses-2"]["facts"]["block_seq_len"]["transformer.transformer_blocks"] == 512  # 1024 / 2
+    # tokens leaving the first double block: 1024 image + 32 text, split in two
+    assert by_name["cp-ulysses-2"]["facts"]["block_seq_len"]["transformer.transformer_blocks"] == 528
 
 
 def test_exact_rows_match_the_baseline_latents(flux_report):
@@ -96,8 +97,9 @@ def test_good_plugin_is_used(tmp_path):
     report = _run("zoo:flux", "cache,cp-ulysses-2,tp-2", tmp_path / "run", integration=PLUGINS / "flux_good.py")
     by_name = _rows(report)
     assert report["passed"], {n: r["reasons"] for n, r in by_name.items()}
-    # the plugin shards only the 4 feed-forward layers of the 2 double blocks (weight + bias each)
-    assert by_name["tp-2"]["facts"]["sharded"]["transformer"]["sharded"] == 16
+    # the plugin shards only the feed-forward layers of the 2 double blocks: per block, 2 column-wise layers (weight
+    # and bias sharded) and 2 row-wise layers (weight sharded, bias replicated)
+    assert by_name["tp-2"]["facts"]["sharded"]["transformer"]["sharded"] == 2 * (2 * 2 + 2)
 
 
 @pytest.mark.parametrize("plugin, row, words", [

@@ -24,6 +24,7 @@ import torch
 
 from . import request as request_mod
 from .errors import DitgateError
+from .isolation import ClassSnapshot
 from .loader import load
 from .plugin import Integration
 from .probes import Probes, sharded_weights, transformers_of
@@ -139,18 +140,20 @@ def _compiler_settings(active: bool):
         inductor_config.load_config(saved[1])
 
 
-def apply(row: Row, pipe, integration: Integration | None, steps: int | None):
+def apply(row: Row, pipe, integration: Integration | None, request: Request):
     """Apply the row's features to `pipe` in place; returns the object cache-dit was given (for summary/disable)."""
     import cache_dit
 
-    if row.vae_tiling:
-        pipe.vae.enable_tiling()
+    if row.vae_tiling or (row.parallel or {}).get("vae"):
+        # VAE parallelism decodes tiles on several ranks and calls enable_tiling() itself, which keeps tile sizes
+        # set here: the tiled baseline and the VAE-parallel row then cut the same tiles.
+        pipe.vae.enable_tiling(**request.vae_tiling)
     target = None
     if row.cache or row.parallel or row.quantize:
         target = pipe
         if integration is not None and integration.block_adapter is not None:
             target = integration.block_adapter(pipe)
-        cc, calibrator = cache_config(row, steps) if row.cache else (None, None)
+        cc, calibrator = cache_config(row, request.steps) if row.cache else (None, None)
         pc = parallelism_config(row) if row.parallel else None
         qc = quantize_config(row) if row.quantize else None
         cache_dit.enable_cache(target, cache_config=cc, calibrator_config=calibrator, parallelism_config=pc,
@@ -196,7 +199,9 @@ def generate(pipe, request: Request, probes: Probes):
     if "output_type" in params:
         kwargs["output_type"] = "np"
     generator = torch.Generator("cpu").manual_seed(request.seed)
-    with torch.inference_mode():
+    # no_grad, not inference_mode: under inference_mode DTensor (TP) resolves aten.linear's sharding through its
+    # uncached decomposition path on every call, 7x slower on zoo:flux tp-2 (see references/tp.md)
+    with torch.no_grad():
         return pipe(**kwargs, generator=generator)
 
 
@@ -217,11 +222,12 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
     pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
     if integration is not None:
         integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
-    stage("apply")
-    target = apply(row, pipe, integration, request.steps)
-    probes = Probes().attach(pipe)
-    times: list[float] = []
+    snapshot = ClassSnapshot.of(pipe)
+    target, probes, times = None, Probes(), []
     try:
+        stage("apply")
+        target = apply(row, pipe, integration, request)
+        probes.attach(pipe)
         for i in range(warmup + repeats):
             stage("compile" if row.compile and i == 0 else "generate")
             probes.reset()
@@ -238,8 +244,7 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
         output, modality = _decoded(out)
         facts = probes.facts(request.steps)
         facts["cache"] = _cache_stats(target) if row.cache else None
-        facts["sharded"] = {name: sharded_weights(module) for name, module in _components(pipe).items()
-                            if row.parallel}
+        facts["sharded"] = {name: sharded_weights(m) for name, m in _components(pipe).items()} if row.parallel else {}
         return Outcome(output=output, modality=modality,
                        latents=None if probes.latents is None else probes.latents.numpy(),
                        noise=None if probes.noise is None else probes.noise.numpy(),
@@ -250,6 +255,7 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
             import cache_dit
 
             cache_dit.disable_cache(target)  # cache-dit patches the pipeline class; take that back off
+        snapshot.restore()  # and patches classes for parallelism: take those off too (see ditgate.isolation)
         del pipe
         gc.collect()
         if device.startswith("cuda"):

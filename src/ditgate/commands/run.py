@@ -9,9 +9,11 @@ from pathlib import Path
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, dtype: str = "float32") -> None:
-    """Arguments shared by commands that load and run a model; `dtype` is the --dtype default."""
-    parser.add_argument("model", help="model folder (with model_index.json) or zoo:NAME")
+def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = False, dtype: str = "float32") -> None:
+    """Arguments shared by commands that load and run a model (the model as `--model` when `model_option`);
+    `dtype` is the --dtype default."""
+    parser.add_argument(*(["--model"] if model_option else ["model"]), help="model folder (with model_index.json) "
+                        "or zoo:NAME")
     parser.add_argument("--pipeline", metavar="MODULE:CLASS", help="pipeline class, for models outside diffusers")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped in the model folder")
     parser.add_argument("--height", type=int, help="image/video height (default: the zoo's or the pipeline's)")

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -20,7 +21,7 @@ from ..errors import DitgateError, UnknownZooModelError
 from . import builders
 
 ZOO_PREFIX = "zoo:"
-ZOO_FORMAT = 1  # bump when a builder changes, so cached folders are rebuilt
+ZOO_FORMAT = 2  # bump when a builder changes, so cached folders are rebuilt
 META_FILE = "ditgate.json"
 
 
@@ -32,6 +33,7 @@ class ZooModel:
     summary: str
     build: Callable[[int], Any] = field(repr=False)
     call: dict[str, Any] = field(default_factory=dict)  # default pipeline call arguments
+    vae_tiling: dict[str, Any] = field(default_factory=dict)  # arguments of vae.enable_tiling() for tiled rows
 
 
 ZOO: dict[str, ZooModel] = {
@@ -46,7 +48,10 @@ ZOO: dict[str, ZooModel] = {
                  "Wan 2.1 T2V layout: 4 blocks, 4 heads; UMT5; 9 frames of 64x64 -> 48 tokens",
                  builders.build_wan,
                  {"prompt": "a tiny red cube spinning", "negative_prompt": "blurry", "height": 64, "width": 64,
-                  "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0, "max_sequence_length": 16}),
+                  "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0, "max_sequence_length": 16},
+                 # 64x64 frames would decode in one tile at the default 256-pixel tiles: 32-pixel tiles make 3x3
+                 vae_tiling={"tile_sample_min_height": 32, "tile_sample_min_width": 32,
+                             "tile_sample_stride_height": 24, "tile_sample_stride_width": 24}),
         ZooModel("qwen-image", "QwenImagePipeline", "image",
                  "Qwen-Image layout: 4 blocks, 4 heads; Qwen2.5-VL text encoder; true CFG (2 calls per step)",
                  builders.build_qwen_image,
@@ -91,13 +96,31 @@ def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.building.", dir=parent))
     try:
         model.build(seed).save_pretrained(staging, safe_serialization=True)
+        _check_complete(staging)
         meta = {"zoo": model.name, "seed": seed, "modality": model.modality, "call": model.call,
-                "format": ZOO_FORMAT}
+                "vae_tiling": model.vae_tiling, "format": ZOO_FORMAT}
         (staging / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return staging
+
+
+def _check_complete(folder: Path) -> None:
+    """Every saved model component holds weights (transformers writes none on a rank other than 0)."""
+    empty = [d.name for d in folder.iterdir()
+             if d.is_dir() and (d / "config.json").is_file()
+             and not any(d.glob("*.safetensors")) and not any(d.glob("*.bin"))]
+    if empty:
+        raise DitgateError(f"saving wrote no weights for {', '.join(sorted(empty))}: with torch.distributed "
+                           "initialised, transformers saves only on rank 0; build zoo models before the process group "
+                           "starts (ditgate run does), or on rank 0 only")
+
+
+def _distributed_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def build(name: str, directory: str | os.PathLike, seed: int = 0, overwrite: bool = False) -> Path:
@@ -123,6 +146,13 @@ def materialize(spec: str, seed: int = 0) -> Path:
     model = get(spec)
     target = cache_root() / f"{model.name}-{_fingerprint(model, seed)}"
     if (target / "model_index.json").is_file():
+        return target
+    if _distributed_rank() != 0:  # rank 0 builds; the others wait for its folder
+        deadline = time.monotonic() + 600
+        while not (target / "model_index.json").is_file():
+            if time.monotonic() > deadline:
+                raise DitgateError(f"rank {_distributed_rank()} waited 600 s for rank 0 to build {target}")
+            time.sleep(0.5)
         return target
     staging = _stage(model, seed, target.parent)
     try:
