@@ -13,8 +13,8 @@ case $step in
              --rows cache-conservative,cache-conservative+taylorseer,cache-balanced,cache-balanced+taylorseer,cache-fast,cache-fast+taylorseer,cp-ulysses-2,tp-2 \
              > "$out/matrix1.txt" 2>&1 || true; tail -40 "$out/matrix1.txt" ;;
   matrix2) python3 -m ditgate matrix $model "${common[@]}" --out $run --resume > "$out/matrix.txt" 2>&1 || true
-           cp $run/report.md "$out/matrix_report.md"; cp $run/report.json "$out/matrix_report.json"
-           cp $run/*.png "$out/" 2>/dev/null || true; tail -45 "$out/matrix.txt" ;;
+           cp $run/matrix.md $run/matrix.json $run/speedup_vs_psnr.png "$out/" 2>/dev/null || true
+           tail -45 "$out/matrix.txt" ;;
   phases)  python3 -m ditgate run $model --dtype bf16 --device cuda --warmup 1 --repeats 2 --out /tmp/fluxdev-phases \
              > "$out/phases.txt" 2>&1 || true; cp /tmp/fluxdev-phases/report.md "$out/phases_report.md"; tail -30 "$out/phases.txt" ;;
   profile) python3 -m ditgate flops $model --height 1024 --width 1024 --steps 28 --json > "$out/flops.json"
