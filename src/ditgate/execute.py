@@ -170,13 +170,14 @@ def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float
                 times.append(time.perf_counter() - start)
         probes.detach()
         output, modality = _decoded(out)
+        noise = probes.initial_noise()
         facts = probes.facts(request.steps)
         facts["cache"] = _cache_stats(target) if row.cache else None
         facts["sharded"] = {name: sharded_weights(module) for name, module in _components(pipe).items()
                             if row.parallel}
         return Outcome(output=output, modality=modality,
                        latents=None if probes.latents is None else probes.latents.numpy(),
-                       noise=None if probes.noise is None else probes.noise.numpy(),
+                       noise=None if noise is None else noise.numpy(),
                        times=times, peak_memory=_peak_memory(device), facts=facts)
     finally:
         probes.detach()

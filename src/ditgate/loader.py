@@ -2,7 +2,8 @@
 
 The pipeline class comes from, in order: an explicit `pipeline="module:Class"`; the `_class_name` that
 `model_index.json` names (a diffusers class, or a `[module, Class]` pair from an importable third-party package).
-Code shipped inside the model folder runs only with `trust_remote_code=True`.
+Code shipped inside the model folder runs only with `trust_remote_code=True`. A zoo folder whose `ditgate.json`
+names a package of the repository's `examples/` (zoo:tinymm) gets that folder on `sys.path` first.
 """
 
 from __future__ import annotations
@@ -148,6 +149,9 @@ def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = 
     """
     path = resolve(model)
     index = read_index(path)
+    package = zoo.read_meta(path).get("package")
+    if package:
+        zoo.ensure_package(package)
     remote = _remote_files(path, index)
     if remote and not trust_remote_code:
         raise RemoteCodeError(f"loading {path} would run code from the model folder ({', '.join(map(str, remote))});"

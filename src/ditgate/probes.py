@@ -1,7 +1,8 @@
 """Hooks that record what a run really did, without changing it.
 
 They prove that a feature acted: how often the last block of each block list ran (cache skips blocks), the
-sequence length entering the first block (context parallelism divides it), how many transformer calls a step
+sequence length entering the blocks (context parallelism divides it; read at the second block, because a plan that
+splits at the first block does so inside that block), how many transformer calls a step
 makes, how often the VAE decoder ran (VAE parallelism splits tiles), the initial noise and the final latents.
 """
 
@@ -56,7 +57,10 @@ class Probes:
                 key = f"{tname}.{lname}"
                 self.last_block_calls[key] = 0
                 self._handles.append(blocks[-1].register_forward_hook(self._counter(key)))
-                self._handles.append(blocks[0].register_forward_pre_hook(self._seq_len(key), with_kwargs=True))
+                # The second block's input: a CP plan may split the first block's inputs inside that block's own
+                # forward (cache-dit's hooks replace `forward`), after any pre-hook of the first block has run.
+                entry = blocks[1] if len(blocks) > 1 else blocks[0]
+                self._handles.append(entry.register_forward_pre_hook(self._seq_len(key), with_kwargs=True))
         decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
         if isinstance(decoder, torch.nn.Module):
             self._handles.append(decoder.register_forward_hook(self._on_decoder))
@@ -95,6 +99,21 @@ class Probes:
         if isinstance(latents, torch.Tensor):
             self.latents = latents.detach().float().cpu().clone()
         return callback_kwargs
+
+    def initial_noise(self) -> torch.Tensor | None:
+        """The noise the first step started from, shaped like the final latents.
+
+        A pipeline with batched classifier-free guidance feeds the transformer `cat([latents] * k)`: one copy is kept.
+        """
+        noise, latents = self.noise, self.latents
+        if noise is None or latents is None or noise.shape == latents.shape or noise.dim() == 0:
+            return noise
+        batch = latents.shape[0]
+        if noise.shape[1:] == latents.shape[1:] and noise.shape[0] % batch == 0:
+            copies = noise.split(batch)
+            if all(torch.equal(copies[0], c) for c in copies[1:]):
+                return copies[0]
+        return noise
 
     def facts(self, steps: int | None) -> dict[str, Any]:
         return {
