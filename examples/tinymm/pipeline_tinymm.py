@@ -7,6 +7,8 @@ the transformer (`encoder_attention_mask`). Classifier-free guidance is batched:
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -31,6 +33,18 @@ class TinyMMPipeline(DiffusionPipeline):
                               transformer=transformer)
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
+
+    def save_pretrained(self, save_directory, **kwargs):
+        """As diffusers', but `model_index.json` names the package too: `"_class_name": ["tinymm", "TinyMMPipeline"]`.
+
+        diffusers writes the bare class name, which a loader looks up in diffusers; the pair tells it what to import.
+        `TinyMMPipeline.from_pretrained` reads either form.
+        """
+        super().save_pretrained(save_directory, **kwargs)
+        index_file = Path(save_directory) / "model_index.json"
+        index = json.loads(index_file.read_text())
+        index["_class_name"] = [type(self).__module__.split(".")[0], type(self).__name__]
+        index_file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
     def encode_prompt(self, prompts: list[str], max_sequence_length: int, device: torch.device):
         """(embeddings [B, L, text_dim], padding mask [B, L]) of `prompts`, padded to `max_sequence_length`."""

@@ -135,7 +135,9 @@ def generate(pipe, request: Request, probes: Probes):
     if "output_type" in params:
         kwargs["output_type"] = "np"
     generator = torch.Generator("cpu").manual_seed(request.seed)
-    with torch.inference_mode():
+    # no_grad, not inference_mode: under inference_mode DTensor (TP) resolves aten.linear's sharding through its
+    # uncached decomposition path on every call, 7x slower on zoo:flux tp-2 (see references/tp.md)
+    with torch.no_grad():
         return pipe(**kwargs, generator=generator)
 
 

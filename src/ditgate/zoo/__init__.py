@@ -3,22 +3,14 @@
 `zoo:NAME` is accepted wherever a model path is. The first use builds the model into the zoo cache
 (`$DITGATE_HOME/zoo`, default `~/.cache/ditgate/zoo`) with `save_pretrained`; every later use loads that folder
 through the same `from_pretrained(path)` call a real model goes through.
-
-A zoo model may come from a package that is not part of diffusers (`ZooModel.package`, e.g. `tinymm`): its code
-lives in the repository's `examples/` folder, its `model_index.json` names `[package, PipelineClass]`, and its
-`ditgate.json` names the package. Loading such a folder puts `examples/` on `sys.path` when the package is not
-installed (`ensure_package`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +32,6 @@ class ZooModel:
     summary: str
     build: Callable[[int], Any] = field(repr=False)
     call: dict[str, Any] = field(default_factory=dict)  # default pipeline call arguments
-    package: str | None = None  # the examples/ package the pipeline comes from; None: diffusers
 
 
 ZOO: dict[str, ZooModel] = {
@@ -61,13 +52,13 @@ ZOO: dict[str, ZooModel] = {
                  builders.build_qwen_image,
                  {"prompt": "a tiny red cube on a table", "negative_prompt": "blurry", "height": 128, "width": 128,
                   "num_inference_steps": 8, "true_cfg_scale": 2.0, "max_sequence_length": 64}),
+        # Not from diffusers: the code is the `tinymm` package in the repository's examples/ (ditgate.examples).
         ZooModel("tinymm", "TinyMMPipeline", "image",
                  "not in diffusers (examples/tinymm): 4 joint blocks, 4 query / 2 KV heads, 2-D RoPE, text padding "
                  "mask; T5; 64x64 -> 256 image + 48 text tokens",
                  builders.build_tinymm,
                  {"prompt": "a tiny red cube on a table", "height": 64, "width": 64, "num_inference_steps": 8,
-                  "guidance_scale": 4.0, "max_sequence_length": 48},
-                 package="tinymm"),
+                  "guidance_scale": 4.0, "max_sequence_length": 48}),
     ]
 }
 
@@ -89,24 +80,6 @@ def is_spec(model: str | os.PathLike) -> bool:
     return isinstance(model, str) and model.startswith(ZOO_PREFIX)
 
 
-def examples_dir() -> Path:
-    from ..paths import repo_root
-
-    return repo_root() / "examples"
-
-
-def ensure_package(package: str) -> None:
-    """Make `package` importable: when it is not installed, put the repository's `examples/` folder on `sys.path`."""
-    if importlib.util.find_spec(package) is not None:
-        return
-    folder = examples_dir()
-    if not (folder / package / "__init__.py").is_file():
-        raise DitgateError(f"package {package!r} is neither installed nor in {folder}; install it or put the folder "
-                           "holding it on PYTHONPATH")
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-
-
 def cache_root() -> Path:
     return Path(os.environ.get("DITGATE_HOME", Path.home() / ".cache" / "ditgate")) / "zoo"
 
@@ -124,17 +97,9 @@ def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.building.", dir=parent))
     try:
-        if model.package:
-            ensure_package(model.package)
         model.build(seed).save_pretrained(staging, safe_serialization=True)
         meta = {"zoo": model.name, "seed": seed, "modality": model.modality, "call": model.call,
                 "format": ZOO_FORMAT}
-        if model.package:  # diffusers writes the bare class name; name the package so loaders can import it
-            index_file = staging / "model_index.json"
-            index = json.loads(index_file.read_text())
-            index["_class_name"] = [model.package, model.pipeline]
-            index_file.write_text(json.dumps(index, indent=2) + "\n")
-            meta["package"] = model.package
         (staging / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
