@@ -99,21 +99,6 @@ class Probes:
             self.latents = latents.detach().float().cpu().clone()
         return callback_kwargs
 
-    def initial_noise(self) -> torch.Tensor | None:
-        """The noise the first step started from, shaped like the final latents.
-
-        A pipeline with batched classifier-free guidance feeds the transformer `cat([latents] * k)`: one copy is kept.
-        """
-        noise, latents = self.noise, self.latents
-        if noise is None or latents is None or noise.shape == latents.shape or noise.dim() == 0:
-            return noise
-        batch = latents.shape[0]
-        if noise.shape[1:] == latents.shape[1:] and noise.shape[0] % batch == 0:
-            copies = noise.split(batch)
-            if all(torch.equal(copies[0], c) for c in copies[1:]):
-                return copies[0]
-        return noise
-
     def facts(self, steps: int | None) -> dict[str, Any]:
         return {
             "last_block_calls": dict(self.last_block_calls),
