@@ -29,3 +29,21 @@ def test_plugin_errors(tmp_path):
     wrong.write_text("cp_plan = 3\n")
     with pytest.raises(PluginError, match="cp_plan must be a function"):
         plugin.load(wrong)
+
+
+def test_planners_come_first_and_are_taken_back(tmp_path):
+    from cache_dit.distributed.transformers.register import (ContextParallelismPlannerRegister,
+                                                              TensorParallelismPlannerRegister)
+
+    f = tmp_path / "plans.py"
+    f.write_text("def cp_plan(transformer, pc):\n    return {}\n"
+                 "def tp_plan(transformer, mesh, pc):\n    return []\n")
+    integration = plugin.load(f)
+    cp, tp = ContextParallelismPlannerRegister._cp_planner_registry, TensorParallelismPlannerRegister._tp_planner_registry
+    before = (dict(cp), dict(tp))
+    assert before[0]["FluxTransformer2DModel"].__name__ == "FluxContextParallelismPlanner"
+    undo = integration.register_planners(["FluxTransformer2DModel"])
+    assert next(iter(cp)) == "FluxTransformer2DModel" and cp["FluxTransformer2DModel"].__name__ == "PluginCPPlanner"
+    assert next(iter(tp)) == "FluxTransformer2DModel" and tp["FluxTransformer2DModel"].__name__ == "PluginTPPlanner"
+    undo()
+    assert (dict(cp), dict(tp)) == before

@@ -122,7 +122,8 @@ def test_crashed_rank_is_named(tmp_path):
     assert result["status"] == "error"
     assert "rank 1 failed in row 'cp-ulysses-2' at stage 'apply': RuntimeError: planted failure on rank 1" in \
         result["reasons"][0]
-    assert "planted failure" in result["error"]["ranks"][0]["traceback"]
+    ranks = {r["rank"]: r for r in result["error"]["ranks"]}
+    assert "planted failure" in ranks[1]["traceback"]
 
 
 def test_hung_rank_ends_in_a_report(tmp_path):

@@ -220,8 +220,9 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
              trust_remote_code: bool, stage) -> Outcome:
     stage("load")
     pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
+    unregister = None
     if integration is not None:
-        integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
+        unregister = integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
     snapshot = ClassSnapshot.of(pipe)
     target, probes, times = None, Probes(), []
     try:
@@ -257,6 +258,8 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
 
             cache_dit.disable_cache(target)  # cache-dit patches the pipeline class; take that back off
         snapshot.restore()  # and patches classes for parallelism: take those off too (see ditgate.isolation)
+        if unregister is not None:
+            unregister()  # a model inspected or run later in this process sees cache-dit's own planners again
         # Drop every reference before collecting: pipelines hold reference cycles, and a collection made while
         # `target` still points at the pipeline keeps a whole model alive into the next row (measured on an H200:
         # 26 GB of FLUX.1-dev weights still allocated while the next row loaded its own).

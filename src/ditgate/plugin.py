@@ -44,8 +44,13 @@ class Integration:
     cp_plan: Callable | None = None
     tp_plan: Callable | None = None
 
-    def register_planners(self, class_names: list[str]) -> None:
-        """Make cache-dit use this file's CP/TP plans for transformers of these classes (in this process)."""
+    def register_planners(self, class_names: list[str]) -> Callable[[], None]:
+        """Make cache-dit use this file's CP/TP plans for transformers of these classes (in this process).
+
+        Returns a function that puts cache-dit's registries back as they were, so a model inspected or run later in
+        the same process sees cache-dit's own planners again.
+        """
+        undo: list[Callable[[], None]] = []
         if self.cp_plan is not None:
             from cache_dit.distributed.transformers.dispatch import _ensure_cp_planners_activated
             from cache_dit.distributed.transformers.register import (ContextParallelismPlanner,
@@ -58,7 +63,8 @@ class Integration:
                 def _apply(self, transformer=None, parallelism_config=None, **kwargs):
                     return plan(transformer, parallelism_config)
 
-            _put_first(ContextParallelismPlannerRegister, "_cp_planner_registry", class_names, PluginCPPlanner)
+            undo.append(_put_first(ContextParallelismPlannerRegister, "_cp_planner_registry", class_names,
+                                   PluginCPPlanner))
         if self.tp_plan is not None:
             from cache_dit.distributed.transformers.dispatch import _ensure_tp_planners_activated
             from cache_dit.distributed.transformers.register import (TensorParallelismPlanner,
@@ -72,15 +78,29 @@ class Integration:
                     layer_plans = shard(transformer, self.mesh(parallelism_config), parallelism_config)
                     return transformer, list(layer_plans or [])
 
-            _put_first(TensorParallelismPlannerRegister, "_tp_planner_registry", class_names, PluginTPPlanner)
+            undo.append(_put_first(TensorParallelismPlannerRegister, "_tp_planner_registry", class_names,
+                                   PluginTPPlanner))
+
+        def restore() -> None:
+            for step in reversed(undo):
+                step()
+
+        return restore
 
 
-def _put_first(register: type, attribute: str, names: list[str], planner: type) -> None:
-    old = getattr(register, attribute)
+def _put_first(register: type, attribute: str, names: list[str], planner: type) -> Callable[[], None]:
+    registry = getattr(register, attribute)
+    saved = dict(registry)
     new = {name: planner for name in names}
-    new.update((k, v) for k, v in old.items() if k not in new)
-    old.clear()
-    old.update(new)  # same dict object: cache-dit's code holds no other reference, but keep it anyway
+    new.update((k, v) for k, v in registry.items() if k not in new)
+    registry.clear()
+    registry.update(new)  # same dict object: cache-dit's code holds no other reference, but keep it anyway
+
+    def restore() -> None:
+        registry.clear()
+        registry.update(saved)
+
+    return restore
 
 
 def activate_cache_dit_planners() -> None:

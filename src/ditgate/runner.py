@@ -229,7 +229,8 @@ class Runner:
                 return
             failed_name = self._failed_row(outcome, left)
             message = outcome.describe()
-            detail = {"ranks": outcome.errors, "stages": outcome.stages, "timed_out": outcome.timed_out,
+            first_failure_first = sorted(outcome.errors, key=lambda e: e.get("time", 0))
+            detail = {"ranks": first_failure_first, "stages": outcome.stages, "timed_out": outcome.timed_out,
                       "log_tail": outcome.log_tail}
             if failed_name is None:  # the group failed before any row: every row fails with it
                 for row in left:
