@@ -28,6 +28,7 @@ from .rows import BASELINE, Row
 # a static cache schedule on one H200 reaches 0.97-0.98 of its ideal (research anchor), and published Ulysses-2
 # numbers for FLUX.1-dev reach 0.77-0.84 of 2x (cache-dit: H100 9.30 s -> 6.04 s; L20 23.25 s -> 13.87 s).
 FAR_BELOW = 0.7
+ABOVE_CEILING = 1.1  # efficiencies above this are reported as a timing problem, not as a gain
 TIERS = {"A": 2, "B": 4, "C": 8}  # most ranks a tier's rows use
 TAYLORSEER_ORDER = 1  # cache-dit CLI --taylorseer-order default
 QUANT_TYPE = "float8_per_row"  # cache_dit.QuantizeConfig default quant_type
@@ -277,6 +278,12 @@ def markdown(data: dict[str, Any]) -> str:
             lines.append(f"- **{r['name']}**: {r['speedup']:.2f}x measured, {p['predicted']:.2f}x predicted; the "
                          f"transformer alone {_fmt(p['transformer_measured'], '.2f')}x of "
                          f"{p['transformer']:.2f}x possible")
+    above = [r["name"] for r in data["rows"] if (r["efficiency"] or 0) > ABOVE_CEILING]
+    if above:
+        lines += ["", f"Above the ceiling (efficiency over {ABOVE_CEILING:g}): {', '.join(above)}. A prediction is a "
+                      "ceiling for time proportional to FLOPs; beating it means the rows were timed under different "
+                      "load, or (tiny models on CPU) per-op overhead outweighs FLOPs. Compare the repeats in "
+                      "matrix.json (`times`) before trusting either number."]
     lines += ["", "Columns: speedup = baseline latency / row latency; predicted = the ceiling from FLOPs and the "
                   "baseline's transformer time share (communication free); efficiency = speedup / predicted.",
               "Rows are described in matrix.json (`description`, `config`). Cache presets: "
