@@ -1,14 +1,18 @@
 """Where a static cache schedule's speedup goes: measured against its ideal (total steps / computed steps).
 
 Runs one model uncached and with a static DBCache schedule (cache-dit's `steps_mask` policy), times every block,
-the transformer calls and the whole pipeline call with forward hooks (on CPU every op is synchronous, so wall-clock
-hooks are exact), and splits the gap between the ideal and the measured speedup into:
+the transformer calls and the whole pipeline call with forward hooks (on CPU every op is synchronous, so hooks are
+exact), and splits the gap between the ideal and the measured speedup into:
 
 - time outside the transformer (text encoders, VAE decode, scheduler): caching cannot shorten it;
 - work a cached call still does: everything outside the blocks plus the Fn first and Bn last blocks;
 - cache-dit's own bookkeeping: what remains of a cached call's time after the blocks and the outside-block work.
 
-    python benchmarks/cache_overhead.py zoo:flux --steps 28 --mask medium --repeats 5 --json out.json
+    OMP_NUM_THREADS=1 python benchmarks/cache_overhead.py zoo:flux --steps 28 --mask medium --repeats 5 --json out.json
+
+The clock is the CPU time of the calling thread by default (`--clock thread`): with one torch thread all the work runs
+on it, and a machine shared with other jobs stretches wall-clock time but not this one. `--clock wall` measures
+latency instead.
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ import time
 from contextlib import contextmanager
 
 
+CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
+
+
 @contextmanager
-def timers(pipe):
+def timers(pipe, clock):
     """Per-call seconds of the transformer and of all its blocks together."""
     from ditgate.probes import block_lists, transformers_of
 
@@ -30,11 +37,11 @@ def timers(pipe):
     handles = []
 
     def enter(key):
-        return lambda *a, **k: start.__setitem__(key, time.perf_counter())
+        return lambda *a, **k: start.__setitem__(key, clock())
 
     def leave(key):
         def hook(*a, **k):
-            spans[key].append(time.perf_counter() - start[key])
+            spans[key].append(clock() - start[key])
         return hook
 
     for transformer in transformers_of(pipe).values():
@@ -51,7 +58,7 @@ def timers(pipe):
             handle.remove()
 
 
-def measure(model: str, cache: dict | None, steps: int, repeats: int, size: int) -> dict:
+def measure(model: str, cache: dict | None, steps: int, repeats: int, size: int, clock) -> dict:
     import cache_dit
     import torch
 
@@ -68,10 +75,10 @@ def measure(model: str, cache: dict | None, steps: int, repeats: int, size: int)
         cache_dit.enable_cache(pipe, cache_config=config)
     runs = []
     for i in range(repeats + 1):
-        with timers(pipe) as spans, torch.inference_mode():
-            begin = time.perf_counter()
+        with timers(pipe, clock) as spans, torch.no_grad():
+            begin = clock()
             pipe(**req.call, generator=torch.Generator("cpu").manual_seed(0), output_type="np")
-            total = time.perf_counter() - begin
+            total = clock() - begin
         if i:  # the first call warms up
             runs.append({"total": total, "transformer": sum(spans["transformer"]), "blocks": sum(spans["blocks"]),
                          "calls": len(spans["transformer"]), "block_calls": len(spans["blocks"])})
@@ -117,6 +124,7 @@ def main() -> None:
     parser.add_argument("--mask", default="medium", help="cache-dit steps_mask policy (slow, medium, fast, ultra)")
     parser.add_argument("--fn", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="thread")
     parser.add_argument("--json", help="write the numbers to this file")
     args = parser.parse_args()
     import torch
@@ -124,13 +132,15 @@ def main() -> None:
     from ditgate.loader import resolve
     from ditgate.probes import block_lists, transformers_of
 
-    base = measure(args.model, None, args.steps, args.repeats, args.size)
+    clock = CLOCKS[args.clock]
+    base = measure(args.model, None, args.steps, args.repeats, args.size, clock)
     cache = {"Fn_compute_blocks": args.fn, "Bn_compute_blocks": 0, "mask": args.mask}
-    cached = measure(args.model, cache, args.steps, args.repeats, args.size)
+    cached = measure(args.model, cache, args.steps, args.repeats, args.size, clock)
     from ditgate import load
 
     blocks = sum(len(b) for t in transformers_of(load(resolve(args.model))).values() for b in block_lists(t).values())
     result = {"model": args.model, "steps": args.steps, "size": args.size, "cache": cache, "repeats": args.repeats,
+              "clock": args.clock,
               "threads": torch.get_num_threads(), "baseline": base, "cached": cached,
               "analysis": analyse(base, cached, args.fn, blocks)}
     text = json.dumps(result, indent=2)

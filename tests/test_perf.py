@@ -48,7 +48,7 @@ def test_preflight_refuses_before_loading(zoo_path):
     why = lambda row, **kw: preflight.why_not(row, model_path=path, request=kw.get("req", req),  # noqa: E731
                                               device="cpu")
     tier_c = {r.name: r for r in perf.matrix_rows("C", max_fn=5)}
-    assert "CUDA devices only" in why(tier_c["quant-fp8"])
+    assert "CUDA devices only" in why(tier_c["quant-fp8"]) and "CUDA devices only" in why(tier_c["quant-fp8+compile"])
     assert "4 attention heads, which 8 tensor-parallel ranks do not divide" in why(tier_c["tp-8"])
     assert "which 8 Ulysses ranks do not divide" in why(tier_c["cp-ulysses-8"])
     assert "2 per tensor-parallel rank" in why(tier_c["hybrid-u4xtp2"])  # 4 heads / TP-2, over 4 Ulysses ranks
@@ -101,6 +101,7 @@ def test_matrix_files(matrix_run):
     jsonschema.validate(report, json.loads((checklists_dir() / "report.schema.json").read_text()))
     table = (out / "matrix.md").read_text()
     assert "| cache-fast | cache | 1 |" in table and "## Not run here" in table and "speedup_vs_psnr.png" in table
+    assert "**PASS** (every row that ran passed its gate)" in table
     assert "| predicted |" in (out / "report.md").read_text()
     from PIL import Image
 

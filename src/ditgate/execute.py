@@ -228,7 +228,7 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
     try:
         stage("apply")
         target = apply(row, pipe, integration, request)
-        probes.attach(pipe)
+        probes.attach(pipe, compiled=bool(row.compile))
         for i in range(warmup + repeats):
             stage("compile" if row.compile and i == 0 else "generate")
             probes.reset()

@@ -6,8 +6,9 @@ makes, how often the VAE decoder ran (VAE parallelism splits tiles), the initial
 They also time the transformer calls (CUDA events on a GPU, so nothing waits for the device), which tells how much
 of a pipeline call a transformer speedup can act on.
 
-Every hook runs outside torch.compile (`torch.compiler.disable`): a compiled block calls it eagerly, and attaching
-the probes once per row keeps the compiled code's guards stable from call to call (`reset` clears the counts).
+With `attach(pipe, compiled=True)` every hook runs outside torch.compile (`torch.compiler.disable`): a compiled
+block calls it eagerly. Attaching the probes once per row keeps compiled code's guards stable from call to call
+(`reset` clears the counts). Rows that do not compile leave torch's compiler unimported.
 """
 
 from __future__ import annotations
@@ -64,18 +65,19 @@ class Probes:
         self.noise = self.latents = None
         self._spans.clear()
 
-    def attach(self, pipe) -> "Probes":
+    def attach(self, pipe, compiled: bool = False) -> "Probes":
+        eager = torch.compiler.disable if compiled else (lambda hook: hook)
         for tname, transformer in transformers_of(pipe).items():
-            self._handles.append(transformer.register_forward_pre_hook(self._on_transformer, with_kwargs=True))
-            self._handles.append(transformer.register_forward_hook(self._after_transformer))
+            self._handles.append(transformer.register_forward_pre_hook(eager(self._on_transformer), with_kwargs=True))
+            self._handles.append(transformer.register_forward_hook(eager(self._after_transformer)))
             for lname, blocks in block_lists(transformer).items():
                 key = f"{tname}.{lname}"
                 self.last_block_calls[key] = 0
-                self._handles.append(blocks[-1].register_forward_hook(self._counter(key)))
-                self._handles.append(blocks[0].register_forward_hook(self._seq_len(key)))
+                self._handles.append(blocks[-1].register_forward_hook(eager(self._counter(key))))
+                self._handles.append(blocks[0].register_forward_hook(eager(self._seq_len(key))))
         decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
         if isinstance(decoder, torch.nn.Module):
-            self._handles.append(decoder.register_forward_hook(self._on_decoder))
+            self._handles.append(decoder.register_forward_hook(eager(self._on_decoder)))
         return self
 
     def detach(self) -> None:
@@ -83,7 +85,6 @@ class Probes:
             handle.remove()
         self._handles.clear()
 
-    @torch.compiler.disable
     def _on_transformer(self, module, args, kwargs):
         self.transformer_calls += 1
         first = _first_tensor(args, kwargs)
@@ -91,13 +92,11 @@ class Probes:
             self.noise = first.detach().float().cpu().clone()
         self._spans.append([_now(first), None])
 
-    @torch.compiler.disable
     def _after_transformer(self, module, args, output):
         if self._spans and self._spans[-1][1] is None:
             self._spans[-1][1] = _now(self._spans[-1][0])
 
     def _counter(self, key):
-        @torch.compiler.disable
         def hook(module, args, output):
             self.last_block_calls[key] += 1
         return hook
@@ -105,7 +104,6 @@ class Probes:
     def _seq_len(self, key):
         # Tokens leaving the first block: a context-parallel plan may split at the transformer's entry or at the
         # first block itself (a hook inside its forward), so the block's output is where a split is always visible.
-        @torch.compiler.disable
         def hook(module, args, output):
             outputs = output if isinstance(output, (tuple, list)) else (output,)
             tokens = sum(int(t.shape[1]) for t in outputs if isinstance(t, torch.Tensor) and t.dim() == 3)
@@ -113,7 +111,6 @@ class Probes:
                 self.block_seq_len[key] = tokens
         return hook
 
-    @torch.compiler.disable
     def _on_decoder(self, module, args, output):
         self.decoder_calls += 1
 
