@@ -341,11 +341,9 @@ def plot(data: dict[str, Any], path: Path, gates: dict[str, float] | None = None
 
 def gate_lines(modality: str = "image") -> dict[str, float]:
     """PSNR thresholds to draw: the lossy (cache) gate and the exact (cp) gate of gates.json."""
-    import json
+    from .gates import load_gates
 
-    from .paths import checklists_dir
-
-    phases = json.loads((checklists_dir() / "gates.json").read_text())["phases"]
+    phases = load_gates()["phases"]
     lines = {}
     for phase, label in (("cache", "cache gate"), ("cp", "exact gate")):
         checks = phases[phase]["modalities"].get(modality, {}).get("checks", [])
