@@ -17,13 +17,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import audio
 from . import request as request_mod
+from .calibration import OutputNoise
 from .errors import DitgateError
 from .loader import load
 from .plugin import Integration
 from .probes import Probes, sharded_weights, transformers_of
 from .request import Request
 from .rows import Row
+
+
+WAV_FILE = "output.wav"  # audio rows: the waveform as 16-bit PCM, next to output.npy
 
 
 @dataclass
@@ -132,6 +137,10 @@ def generate(pipe, request: Request, probes: Probes):
         kwargs["callback_on_step_end"] = probes.step_callback
         if "callback_on_step_end_tensor_inputs" in params:
             kwargs["callback_on_step_end_tensor_inputs"] = ["latents"]
+    elif "callback" in params:  # the older per-step callback(step, timestep, latents)
+        kwargs["callback"] = probes.legacy_callback
+        if "callback_steps" in params:
+            kwargs["callback_steps"] = 1
     if "output_type" in params:
         kwargs["output_type"] = "np"
     generator = torch.Generator("cpu").manual_seed(request.seed)
@@ -151,6 +160,7 @@ def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float
         integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
     stage("apply")
     target = apply(row, pipe, integration, request.steps)
+    noise = OutputNoise(row.perturb, request.seed).attach(pipe) if row.perturb is not None else None
     probes = Probes()
     times: list[float] = []
     try:
@@ -174,12 +184,19 @@ def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float
         facts["cache"] = _cache_stats(target) if row.cache else None
         facts["sharded"] = {name: sharded_weights(module) for name, module in _components(pipe).items()
                             if row.parallel}
+        if noise is not None:
+            facts["perturbed_calls"] = noise.calls
+        if modality == "audio":
+            facts["sample_rate"] = audio.sample_rate(pipe)
+        start_noise = probes.initial_noise()
         return Outcome(output=output, modality=modality,
                        latents=None if probes.latents is None else probes.latents.numpy(),
-                       noise=None if probes.noise is None else probes.noise.numpy(),
+                       noise=None if start_noise is None else start_noise.numpy(),
                        times=times, peak_memory=_peak_memory(device), facts=facts)
     finally:
         probes.detach()
+        if noise is not None:
+            noise.detach()
         if target is not None and row.cache:
             import cache_dit
 
@@ -213,8 +230,12 @@ def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
         "latency_s": float(np.median(outcome.times)) if outcome.times else None,
         "peak_memory": outcome.peak_memory, "facts": outcome.facts,
     }
+    files = {}
+    rate = outcome.facts.get("sample_rate")
+    if outcome.modality == "audio" and rate and np.isfinite(outcome.output).all():
+        files[WAV_FILE] = audio.wav_bytes(outcome.output, rate)
     store.save_row(run_dir, row.name, result,
-                   {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise})
+                   {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise}, files)
     return result
 
 
