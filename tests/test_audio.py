@@ -172,7 +172,7 @@ def test_calibration_is_deterministic_on_cpu():
     np.testing.assert_array_equal(first.output, second.output)
     np.testing.assert_array_equal(first.latents, second.latents)
     assert not np.array_equal(first.output, base.output)  # the perturbation acted
-    assert first.facts["perturbed_calls"] == req.steps and first.facts["sample_rate"] == 44100
+    assert first.facts["perturbed_calls"] == req.steps and first.sample_rate == 44100
 
 
 def test_calibration_row_follows_gates_json():

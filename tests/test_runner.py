@@ -52,7 +52,8 @@ def test_each_feature_proves_it_acted(flux_report):
     facts = by_name["cache"]["facts"]
     assert facts["cache"][0]["cached_steps"] == [2, 4, 6]  # the static schedule: warm-up 2, then every other step
     assert facts["last_block_calls"]["transformer.single_transformer_blocks"] == 5  # 8 steps, 3 skipped
-    assert by_name["cp-ulysses-2"]["facts"]["block_seq_len"]["transformer.transformer_blocks"] == 512  # 1024 / 2
+    # tokens leaving the first double block: 1024 image + 32 text, split in two
+    assert by_name["cp-ulysses-2"]["facts"]["block_seq_len"]["transformer.transformer_blocks"] == 528
 
 
 def test_exact_rows_match_the_baseline_latents(flux_report):

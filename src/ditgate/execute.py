@@ -21,6 +21,7 @@ from . import audio
 from . import request as request_mod
 from .calibration import OutputNoise
 from .errors import DitgateError
+from .isolation import ClassSnapshot
 from .loader import load
 from .plugin import Integration
 from .probes import Probes, sharded_weights, transformers_of
@@ -42,6 +43,7 @@ class Outcome:
     times: list[float]
     peak_memory: dict[str, Any]
     facts: dict[str, Any] = field(default_factory=dict)
+    sample_rate: int | None = None  # audio: samples per second of `output` (the VAE's sampling rate)
 
 
 def cache_config(row: Row, steps: int | None):
@@ -87,18 +89,20 @@ def parallelism_config(row: Row):
         raise DitgateError(f"row {row.name!r}: invalid parallel configuration: {exc}") from None
 
 
-def apply(row: Row, pipe, integration: Integration | None, steps: int | None):
+def apply(row: Row, pipe, integration: Integration | None, request: Request):
     """Apply the row's features to `pipe` in place; returns the object cache-dit was given (for summary/disable)."""
     import cache_dit
 
-    if row.vae_tiling:
-        pipe.vae.enable_tiling()
+    if row.vae_tiling or (row.parallel or {}).get("vae"):
+        # VAE parallelism decodes tiles on several ranks and calls enable_tiling() itself, which keeps tile sizes
+        # set here: the tiled baseline and the VAE-parallel row then cut the same tiles.
+        pipe.vae.enable_tiling(**request.vae_tiling)
     if not row.cache and not row.parallel:
         return None
     target = pipe
     if integration is not None and integration.block_adapter is not None:
         target = integration.block_adapter(pipe)
-    cc, calibrator = cache_config(row, steps) if row.cache else (None, None)
+    cc, calibrator = cache_config(row, request.steps) if row.cache else (None, None)
     pc = parallelism_config(row) if row.parallel else None
     cache_dit.enable_cache(target, cache_config=cc, calibrator_config=calibrator, parallelism_config=pc)
     return target
@@ -158,12 +162,13 @@ def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float
     pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
     if integration is not None:
         integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
-    stage("apply")
-    target = apply(row, pipe, integration, request.steps)
-    noise = OutputNoise(row.perturb, request.seed).attach(pipe) if row.perturb is not None else None
-    probes = Probes()
-    times: list[float] = []
+    snapshot = ClassSnapshot.of(pipe)
+    target, noise, probes, times = None, None, Probes(), []
     try:
+        stage("apply")
+        target = apply(row, pipe, integration, request)
+        if row.perturb is not None:
+            noise = OutputNoise(row.perturb, request.seed).attach(pipe)
         for i in range(warmup + repeats):
             stage("generate")
             probes.detach()
@@ -182,14 +187,12 @@ def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float
         output, modality = _decoded(out)
         facts = probes.facts(request.steps)
         facts["cache"] = _cache_stats(target) if row.cache else None
-        facts["sharded"] = {name: sharded_weights(module) for name, module in _components(pipe).items()
-                            if row.parallel}
+        facts["sharded"] = {name: sharded_weights(m) for name, m in _components(pipe).items()} if row.parallel else {}
         if noise is not None:
             facts["perturbed_calls"] = noise.calls
-        if modality == "audio":
-            facts["sample_rate"] = audio.sample_rate(pipe)
         start_noise = probes.initial_noise()
         return Outcome(output=output, modality=modality,
+                       sample_rate=audio.sample_rate(pipe) if modality == "audio" else None,
                        latents=None if probes.latents is None else probes.latents.numpy(),
                        noise=None if start_noise is None else start_noise.numpy(),
                        times=times, peak_memory=_peak_memory(device), facts=facts)
@@ -201,6 +204,7 @@ def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float
             import cache_dit
 
             cache_dit.disable_cache(target)  # cache-dit patches the pipeline class; take that back off
+        snapshot.restore()  # and patches classes for parallelism: take those off too (see ditgate.isolation)
         del pipe
         gc.collect()
 
@@ -226,14 +230,13 @@ def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
 
     result = {
         "name": row.name, "fingerprint": row.fingerprint(), "row": row.to_dict(), "status": "ok",
-        "modality": outcome.modality, "times": outcome.times,
+        "modality": outcome.modality, "sample_rate": outcome.sample_rate, "times": outcome.times,
         "latency_s": float(np.median(outcome.times)) if outcome.times else None,
         "peak_memory": outcome.peak_memory, "facts": outcome.facts,
     }
     files = {}
-    rate = outcome.facts.get("sample_rate")
-    if outcome.modality == "audio" and rate and np.isfinite(outcome.output).all():
-        files[WAV_FILE] = audio.wav_bytes(outcome.output, rate)
+    if outcome.modality == "audio" and outcome.sample_rate and np.isfinite(outcome.output).all():
+        files[WAV_FILE] = audio.wav_bytes(outcome.output, outcome.sample_rate)
     store.save_row(run_dir, row.name, result,
                    {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise}, files)
     return result

@@ -263,10 +263,34 @@ def _garbled(gates: dict, scores: Any, modality: str) -> tuple[CheckResult, str 
     return result, f"garbled {kind} {listed}: {kind[:-1]} {first} has {detail}"
 
 
+def _select_checks(gates: dict, phase: str, modality: str, has_latents: bool, dtype: str,
+                   floor: dict | None, noise: Any) -> tuple[list[dict], list[dict]]:
+    """(checks on the output, checks on the latents) that apply; raise when none can or one lacks its input."""
+    spec = gates["phases"][phase]
+    if modality in ("image", "video"):
+        if modality not in spec["modalities"]:
+            raise GateInputError(f"phase {phase} has no gate for modality {modality}")
+        output_checks = spec["modalities"][modality]["checks"] + gates["rules"]["region"]["checks"]
+    elif modality == "audio":
+        output_checks = _audio_checks(gates, spec, floor)
+    else:
+        output_checks = []
+    latent_checks = _latent_checks(gates, spec, dtype, modality) if has_latents else []
+    if modality == "latent" and not latent_checks:
+        raise GateInputError(f"phase {phase} has no latent gate (no latent checks, and the tensor rule applies to "
+                             f"exact phases in {', '.join(gates['rules']['tensor']['dtypes'])} only)")
+    if any(c["metric"] == "disp_rel_error" for c in latent_checks) and noise is None:
+        raise GateInputError(f"phase {phase}'s latent gate checks disp_rel_error, which needs the initial noise "
+                             "latents (noise=...)")
+    return output_checks, latent_checks
+
+
 def evaluate(phase: str, modality: str, baseline: Any, candidate: Any, *, latents: tuple | None = None,
              noise: Any = None, dtype: str = "float32", sample_rate: int | None = None, floor: dict | None = None,
              gates: dict | None = None) -> Verdict:
     """Apply `phase`'s gate for `modality` to `candidate` against `baseline` (see the module docstring)."""
+    from .metrics import tensor_metrics
+
     gates = load_gates() if gates is None else validate_gates(gates)
     if phase not in gates["phases"]:
         raise GateInputError(f"unknown phase {phase!r}; gates.json has {', '.join(gates['phases'])}")
@@ -274,33 +298,16 @@ def evaluate(phase: str, modality: str, baseline: Any, candidate: Any, *, latent
         raise GateInputError(f"unknown modality {modality!r}; use one of {', '.join(MODALITIES)}")
     if floor and modality != "audio":
         raise GateInputError("floor= is the audio noise floor; it does not apply to modality " + modality)
-    spec = gates["phases"][phase]
-    dtype = _normalize_dtype(dtype)
-
-    if modality == "latent":
-        if latents is not None:
-            raise GateInputError("for modality latent pass the latents as baseline and candidate, not latents=")
-        output_checks: list[dict] = []
-        latent_pair = (baseline, candidate)
-    else:
-        if modality in ("image", "video"):
-            if modality not in spec["modalities"]:
-                raise GateInputError(f"phase {phase} has no gate for modality {modality}")
-            output_checks = spec["modalities"][modality]["checks"] + gates["rules"]["region"]["checks"]
-        else:
-            output_checks = _audio_checks(gates, spec, floor)
-        latent_pair = latents
-    latent_checks = _latent_checks(gates, spec, dtype, modality) if latent_pair is not None else []
-    if modality == "latent" and not latent_checks:
-        raise GateInputError(f"phase {phase} has no latent gate (no latent checks, and the tensor rule applies to "
-                             f"exact phases in {', '.join(gates['rules']['tensor']['dtypes'])} only)")
-    if any(c["metric"] == "disp_rel_error" for c in latent_checks) and noise is None:
-        raise GateInputError(f"phase {phase}'s latent gate checks disp_rel_error, which needs the initial noise "
-                             "latents (noise=...)")
+    if modality == "latent" and latents is not None:
+        raise GateInputError("for modality latent pass the latents as baseline and candidate, not latents=")
+    if latents is not None and len(latents) != 2:
+        raise GateInputError("latents must be a pair (baseline_latents, candidate_latents)")
+    latent_pair = (baseline, candidate) if modality == "latent" else latents
+    output_checks, latent_checks = _select_checks(gates, phase, modality, latent_pair is not None,
+                                                  _normalize_dtype(dtype), floor, noise)
 
     values: dict[str, float | None] = {}
     reasons: list[str] = []
-    broken = False
     scores = None
     if modality != "latent":
         grid = int(gates["rules"]["region"]["grid"]) if modality in ("image", "video") else 1
@@ -310,23 +317,18 @@ def evaluate(phase: str, modality: str, baseline: Any, candidate: Any, *, latent
         except NonFiniteError as exc:
             if exc.which != "candidate":
                 raise
-            broken = True
             values.update(dict.fromkeys(METRICS[modality]))
             reasons.append(f"output contains {exc.kind}")
     if latent_pair is not None:
-        from .metrics import tensor_metrics
-
-        if len(latent_pair) != 2:
-            raise GateInputError("latents must be a pair (baseline_latents, candidate_latents)")
         try:
             values.update(tensor_metrics(latent_pair[0], latent_pair[1], noise))
         except NonFiniteError as exc:
             if exc.which != "candidate":
                 raise NonFiniteError(f"{exc.which} latents", exc.kind) from exc
-            broken = True
             values.update(dict.fromkeys(METRICS["latent"] + (("disp_rel_error",) if noise is not None else ())))
             reasons.append(f"output contains {exc.kind}" if modality == "latent"
                            else f"candidate latents contain {exc.kind}")
+    broken = bool(reasons)  # only non-finite outputs have added a reason so far
 
     results: list[CheckResult] = []
     ordered = latent_checks + output_checks if modality == "audio" else output_checks + latent_checks

@@ -12,7 +12,11 @@
         and returns the layer plans it applied, as cache-dit's TensorParallelismPlanner._apply does.
 
 `cp_plan` and `tp_plan` are registered as cache-dit planners for the transformer's class, ahead of any planner
-cache-dit already has for it; the code moves into cache-dit unchanged as a planner's `_apply`.
+cache-dit already has for it; the code moves into cache-dit unchanged as a planner's `_apply`. Planners for a text
+encoder or a VAE are registered by the file itself, at import, with cache-dit's register decorators
+(`TextEncoderTensorParallelismPlannerRegister.register(...)`, `AutoEncoderDataParallelismPlannerRegister.register(...)`):
+every cache-dit registry is filled with cache-dit's own planners before the file runs, because cache-dit fills a
+registry lazily only while it is empty and a registration made first would hide all of its own planners.
 """
 
 from __future__ import annotations
@@ -78,12 +82,26 @@ def _put_first(register: type, attribute: str, names: list[str], planner: type) 
     old.update(new)  # same dict object: cache-dit's code holds no other reference, but keep it anyway
 
 
+def activate_cache_dit_planners() -> None:
+    """Fill every cache-dit planner registry with its own planners (once; idempotent)."""
+    from cache_dit.distributed.autoencoders.dispatch import _ensure_auto_encoder_dp_planners_activated
+    from cache_dit.distributed.text_encoders.dispatch import _ensure_text_encoder_tp_planners_activated
+    from cache_dit.distributed.transformers.dispatch import (_ensure_cp_planners_activated,
+                                                             _ensure_tp_planners_activated)
+
+    _ensure_cp_planners_activated()
+    _ensure_tp_planners_activated()
+    _ensure_text_encoder_tp_planners_activated()
+    _ensure_auto_encoder_dp_planners_activated()
+
+
 def load(path: str | Path | None) -> Integration | None:
     if path is None:
         return None
     path = Path(path).resolve()
     if not path.is_file():
         raise PluginError(f"integration file {path} does not exist")
+    activate_cache_dit_planners()
     spec = importlib.util.spec_from_file_location(f"ditgate_integration_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

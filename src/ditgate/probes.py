@@ -1,7 +1,7 @@
 """Hooks that record what a run really did, without changing it.
 
 They prove that a feature acted: how often the last block of each block list ran (cache skips blocks), the
-sequence length entering the first block (context parallelism divides it), how many transformer calls a step
+number of tokens leaving the first block (context parallelism divides it), how many transformer calls a step
 makes, how often the VAE decoder ran (VAE parallelism splits tiles), the initial noise and the final latents.
 The noise is the first transformer input, so for a scheduler that scales its input (EDM's c_in) it is the
 scaled noise the model saw.
@@ -58,7 +58,7 @@ class Probes:
                 key = f"{tname}.{lname}"
                 self.last_block_calls[key] = 0
                 self._handles.append(blocks[-1].register_forward_hook(self._counter(key)))
-                self._handles.append(blocks[0].register_forward_pre_hook(self._seq_len(key), with_kwargs=True))
+                self._handles.append(blocks[0].register_forward_hook(self._seq_len(key)))
         decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
         if isinstance(decoder, torch.nn.Module):
             self._handles.append(decoder.register_forward_hook(self._on_decoder))
@@ -82,10 +82,13 @@ class Probes:
         return hook
 
     def _seq_len(self, key):
-        def hook(module, args, kwargs):
-            first = _first_tensor(args, kwargs)
-            if first is not None and first.dim() >= 2 and key not in self.block_seq_len:
-                self.block_seq_len[key] = int(first.shape[1])
+        # Tokens leaving the first block: a context-parallel plan may split at the transformer's entry or at the
+        # first block itself (a hook inside its forward), so the block's output is where a split is always visible.
+        def hook(module, args, output):
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            tokens = sum(int(t.shape[1]) for t in outputs if isinstance(t, torch.Tensor) and t.dim() == 3)
+            if tokens and key not in self.block_seq_len:
+                self.block_seq_len[key] = tokens
         return hook
 
     def _on_decoder(self, module, args, output):

@@ -19,13 +19,14 @@ DEFAULT_PROMPT = "a red cube on a wooden table, studio light"
 class Request:
     call: dict[str, Any] = field(default_factory=dict)  # keyword arguments of pipe(...)
     seed: int = 0
+    vae_tiling: dict[str, Any] = field(default_factory=dict)  # keyword arguments of pipe.vae.enable_tiling(...)
 
     @property
     def steps(self) -> int | None:
         return self.call.get("num_inference_steps")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"call": dict(self.call), "seed": self.seed}
+        return {"call": dict(self.call), "seed": self.seed, "vae_tiling": dict(self.vae_tiling)}
 
 
 def build(meta: dict[str, Any], *, prompt: str | None = None, height: int | None = None, width: int | None = None,
@@ -42,7 +43,7 @@ def build(meta: dict[str, Any], *, prompt: str | None = None, height: int | None
         if key in call and (not isinstance(call[key], int) or call[key] < 1):
             raise DitgateError(f"{key} must be a positive integer, got {call[key]!r}")
     call.update(extra or {})
-    return Request(call=call, seed=seed)
+    return Request(call=call, seed=seed, vae_tiling=dict(meta.get("vae_tiling", {})))
 
 
 def call_kwargs(pipe, request: Request) -> dict[str, Any]:

@@ -301,7 +301,7 @@ class Runner:
         verdict = evaluate(row.phase, modality, load(base.row.name, "output"), load(row.name, "output"),
                            latents=latents if all(x is not None for x in latents) else None,
                            noise=load(base.row.name, "noise"), dtype=self.cfg.dtype,
-                           sample_rate=state.result["facts"].get("sample_rate"), floor=audio.get("used"))
+                           sample_rate=state.result.get("sample_rate"), floor=audio.get("used"))
         state.verdict = verdict.to_dict() | ({"floor": json_ready(audio)} if audio else {})
         state.reasons.extend(verdict.reasons)
         for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
@@ -324,8 +324,7 @@ class Runner:
                     "note": "no calibration row and baseline to measure the floor with: the defaults apply"}
         if calib.measured is None:
             load = lambda name: store.load_array(self.run_dir, name, "output")  # noqa: E731
-            calib.measured = audio_metrics(load(BASELINE.name), load(CALIBRATION.name),
-                                           base.result["facts"]["sample_rate"])
+            calib.measured = audio_metrics(load(BASELINE.name), load(CALIBRATION.name), base.result["sample_rate"])
         return {"measured": calib.measured, "used": gate_floor(calib.measured) or None}
 
 

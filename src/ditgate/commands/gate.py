@@ -3,10 +3,14 @@
 BASE and CAND are files or folders of the same kind:
 - an image (.png, .jpg, .jpeg, .webp, .bmp, .tif, .tiff)                        -> image
 - a folder of frames (sorted by name; both folders must hold the same names)    -> video
+- a video file (.mp4, .webm, .mov, .avi, .mkv, .gif), decoded with imageio      -> video
 - a .npy array (F, H, W, C) with C = 1 or 3                                     -> video
 - a .npy array (H, W, C) with C = 1 or 3                                        -> image
 - any other .npy array, or a tensor saved with torch.save (.pt, .pth)           -> latent
 - a .wav file (PCM, read with the standard library)                             -> audio
+- a row folder of `ditgate run` (RUN/rows/NAME: output.npy, result.json)        -> the row's modality; its
+  latents.npy (both rows) add the latent checks, the baseline row's noise.npy is the initial noise, and the run's
+  dtype (RUN/run.json) is the default --dtype
 Exit status: 0 when the gate passes, 1 when it fails, 2 on bad input.
 """
 
@@ -23,19 +27,23 @@ from ..errors import GateInputError
 HELP = "check a candidate output against its baseline with a phase's gate (checklists/gates.json)"
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"}
+VIDEO_SUFFIXES = {".mp4", ".webm", ".mov", ".avi", ".mkv", ".gif"}
 TENSOR_SUFFIXES = {".npy", ".pt", ".pth"}
+ROW_OUTPUT, ROW_RESULT = "output.npy", "result.json"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phase", required=True, help="phase whose gate applies (cache, cp, tp, tep, vaep, ...)")
-    parser.add_argument("base", metavar="BASE", help="baseline output: image, frame folder, .npy, .pt or .wav")
+    parser.add_argument("base", metavar="BASE", help="baseline output: image, video, frame folder, run row folder, "
+                                                     ".npy, .pt or .wav")
     parser.add_argument("cand", metavar="CAND", help="candidate output of the same kind")
     parser.add_argument("--modality", choices=("image", "video", "audio", "latent"),
                         help="override the modality inferred from the inputs")
     parser.add_argument("--latents", nargs=2, metavar=("BASE_LAT", "CAND_LAT"),
                         help="final latents (.npy/.pt) of baseline and candidate: adds the phase's latent checks")
     parser.add_argument("--noise", metavar="FILE", help="initial noise latents (.npy/.pt), for disp_rel_error")
-    parser.add_argument("--dtype", default="float32", help="dtype the phase ran in (default float32)")
+    parser.add_argument("--dtype", help="dtype the phase ran in (default: the run's, else float32)")
+    parser.add_argument("--sample-rate", type=int, help="sample rate of audio given as arrays (a .wav has its own)")
     parser.add_argument("--floor", action="append", default=[], metavar="METRIC=VALUE",
                         help="audio noise floor from a calibration rerun, e.g. mel_psnr=23.5 (repeatable)")
     parser.add_argument("--gates", metavar="FILE", help="gate table to use instead of checklists/gates.json")
@@ -54,6 +62,17 @@ def _read_image(path: Path) -> Any:
             return image.copy()
     except (OSError, UnidentifiedImageError) as exc:
         raise GateInputError(f"cannot read image {path}: {exc}") from exc
+
+
+def _read_video(path: Path) -> Any:
+    import imageio.v3 as iio
+
+    try:
+        return iio.imread(path, index=None)
+    except Exception as exc:  # imageio raises plugin-specific errors; all mean "cannot decode this file here"
+        raise GateInputError(
+            f"cannot decode {path} ({exc}); install a video backend for imageio (`pip install imageio-ffmpeg` or "
+            "`av`), or pass folders of frames or .npy arrays (F, H, W, C) instead") from exc
 
 
 def _read_tensor(path: Path, header_only: bool = False) -> Any:
@@ -81,10 +100,9 @@ def _read_wav(path: Path) -> tuple[Any, int]:
             raw = wav.readframes(wav.getnframes())
     except (OSError, wave.Error, EOFError) as exc:
         raise GateInputError(f"cannot read WAV file {path}: {exc}") from exc
-    if width == 3:  # 24-bit PCM: widen to int32
-        bytes3 = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3)
-        samples = (bytes3[:, 0].astype(np.int32) << 8 | bytes3[:, 1].astype(np.int32) << 16
-                   | bytes3[:, 2].astype(np.int32) << 24)
+    if width == 3:  # 24-bit PCM: place in the top bytes of an int32
+        bytes3 = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+        samples = (bytes3[:, 0] << 8) | (bytes3[:, 1] << 16) | (bytes3[:, 2] << 24)
     else:
         dtypes = {1: np.uint8, 2: np.dtype("<i2"), 4: np.dtype("<i4")}
         if width not in dtypes:
@@ -96,19 +114,36 @@ def _read_wav(path: Path) -> tuple[Any, int]:
 def _frame_names(folder: Path) -> list[str]:
     names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not names:
-        raise GateInputError(f"{folder} holds no image frames ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        raise GateInputError(f"{folder} holds no image frames ({', '.join(sorted(IMAGE_SUFFIXES))}) and is not a "
+                             f"row folder of `ditgate run` ({ROW_OUTPUT})")
     return names
+
+
+def _is_row(path: Path) -> bool:
+    return path.is_dir() and (path / ROW_OUTPUT).is_file()
+
+
+def _row_result(path: Path) -> dict:
+    try:
+        return json.loads((path / ROW_RESULT).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def infer_modality(path: Path) -> str:
     """The modality a file or folder holds (see the module docstring)."""
     if not path.exists():
         raise GateInputError(f"no such file or folder: {path}")
+    if _is_row(path):
+        modality = _row_result(path).get("modality")
+        return modality if modality in ("image", "video", "audio") else infer_modality(path / ROW_OUTPUT)
     if path.is_dir():
         return "video"
     suffix = path.suffix.lower()
     if suffix in IMAGE_SUFFIXES:
         return "image"
+    if suffix in VIDEO_SUFFIXES:
+        return "video"
     if suffix == ".wav":
         return "audio"
     if suffix in TENSOR_SUFFIXES:
@@ -116,18 +151,29 @@ def infer_modality(path: Path) -> str:
         if len(shape) in (3, 4) and shape[-1] in (1, 3):
             return "video" if len(shape) == 4 else "image"
         return "latent"
-    raise GateInputError(f"{path}: unknown kind of file (expected an image, a frame folder, .npy, .pt or .wav)")
+    raise GateInputError(f"{path}: unknown kind of file (expected an image, a video, a frame folder, a run row "
+                         "folder, .npy, .pt or .wav)")
+
+
+def _read_one(path: Path, modality: str) -> tuple[Any, int | None]:
+    """(data, sample rate or None) of one input."""
+    if _is_row(path):
+        return _read_tensor(path / ROW_OUTPUT), _row_result(path).get("sample_rate")
+    suffix = path.suffix.lower()
+    if modality == "audio" and suffix == ".wav":
+        return _read_wav(path)
+    if suffix in IMAGE_SUFFIXES:
+        return _read_image(path), None
+    if suffix in VIDEO_SUFFIXES:
+        return _read_video(path), None
+    return _read_tensor(path), None
 
 
 def read_pair(base: Path, cand: Path, modality: str) -> tuple[Any, Any, int | None]:
     """(baseline, candidate, sample rate or None) read as `modality`."""
-    if modality == "audio":
-        (b, rate_b), (c, rate_c) = _read_wav(base), _read_wav(cand)
-        if rate_b != rate_c:
-            raise GateInputError(f"sample rates differ: {base} {rate_b} Hz, {cand} {rate_c} Hz")
-        return b, c, rate_b
-    if base.is_dir() or cand.is_dir():
-        if not (base.is_dir() and cand.is_dir()):
+    frames = [p.is_dir() and not _is_row(p) for p in (base, cand)]
+    if any(frames):
+        if not all(frames):
             raise GateInputError("BASE and CAND must both be frame folders, or neither")
         names_b, names_c = _frame_names(base), _frame_names(cand)
         if names_b != names_c:
@@ -135,10 +181,26 @@ def read_pair(base: Path, cand: Path, modality: str) -> tuple[Any, Any, int | No
             raise GateInputError(f"frame folders hold different frames: only in BASE {only_b[:5]}, "
                                  f"only in CAND {only_c[:5]}")
         return [_read_image(base / n) for n in names_b], [_read_image(cand / n) for n in names_c], None
-    def read(path: Path) -> Any:
-        return _read_image(path) if path.suffix.lower() in IMAGE_SUFFIXES else _read_tensor(path)
+    (b, rate_b), (c, rate_c) = _read_one(base, modality), _read_one(cand, modality)
+    if rate_b and rate_c and rate_b != rate_c:
+        raise GateInputError(f"sample rates differ: {base} {rate_b} Hz, {cand} {rate_c} Hz")
+    return b, c, rate_b or rate_c
 
-    return read(base), read(cand), None
+
+def _row_extras(base: Path, cand: Path) -> dict[str, Any]:
+    """Latents, noise and dtype that `ditgate run` stored next to two row outputs."""
+    extras: dict[str, Any] = {}
+    if not (_is_row(base) and _is_row(cand)):
+        return extras
+    if (base / "latents.npy").is_file() and (cand / "latents.npy").is_file():
+        extras["latents"] = (_read_tensor(base / "latents.npy"), _read_tensor(cand / "latents.npy"))
+    if (base / "noise.npy").is_file():
+        extras["noise"] = _read_tensor(base / "noise.npy")
+    try:
+        extras["dtype"] = json.loads((base.parent.parent / "run.json").read_text())["dtype"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return extras
 
 
 def _parse_floor(items: list[str]) -> dict[str, float] | None:
@@ -181,22 +243,28 @@ def main(args: argparse.Namespace) -> int:
     from .. import gates
 
     base, cand = Path(args.base), Path(args.cand)
+    for path in (base, cand):
+        if not path.exists():
+            raise GateInputError(f"no such file or folder: {path}")
     modality = args.modality
     if modality is None:
         kinds = infer_modality(base), infer_modality(cand)
         if kinds[0] != kinds[1]:
             raise GateInputError(f"BASE looks like {kinds[0]} and CAND like {kinds[1]}; pass --modality")
         modality = kinds[0]
-    else:
-        for path in (base, cand):
-            if not path.exists():
-                raise GateInputError(f"no such file or folder: {path}")
     baseline, candidate, sample_rate = read_pair(base, cand, modality)
-    latents = tuple(_read_tensor(Path(p)) for p in args.latents) if args.latents else None
-    noise = _read_tensor(Path(args.noise)) if args.noise else None
+    extras = _row_extras(base, cand)
+    if args.latents:
+        extras["latents"] = tuple(_read_tensor(Path(p)) for p in args.latents)
+    if args.noise:
+        extras["noise"] = _read_tensor(Path(args.noise))
+    if modality == "latent":
+        extras.pop("latents", None)
     table = gates.load_gates(args.gates) if args.gates else None
-    verdict = gates.evaluate(args.phase, modality, baseline, candidate, latents=latents, noise=noise,
-                             dtype=args.dtype, sample_rate=sample_rate, floor=_parse_floor(args.floor), gates=table)
+    verdict = gates.evaluate(args.phase, modality, baseline, candidate, latents=extras.get("latents"),
+                             noise=extras.get("noise"), dtype=args.dtype or extras.get("dtype", "float32"),
+                             sample_rate=args.sample_rate or sample_rate, floor=_parse_floor(args.floor),
+                             gates=table)
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=2))
     else:

@@ -15,13 +15,14 @@ Mel spectrogram (settings below, fixed so that numbers are comparable across run
 - log scale: dB = 10 log10(max(power, 1e-10));
 - data range: both spectrograms are mapped with the *baseline's* peak P: v = (dB - (P - 80)) / 80, clipped to
   [0, 1], i.e. an 80 dB window below the baseline's loudest bin, data range 1.
-mel_psnr and mel_ssim are the image PSNR and Gaussian SSIM (ssim.py) of those [0, 1] spectrograms, each channel a
+mel_psnr and mel_ssim are the image PSNR and Gaussian SSIM (kernel.py) of those [0, 1] spectrograms, each channel a
 single-channel image of 128 x frames; at least 11 frames (5120 samples) are needed for the SSIM window.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ import torch
 from ..errors import MetricInputError
 from .convert import check_finite, raw_tensor, require_same_shape
 from .image import FrameScores
-from .ssim import WINDOW, frame_sums
+from .kernel import WINDOW, frame_sums
 
 N_FFT = 2048
 HOP = 512
@@ -131,9 +132,9 @@ def mel_db(wave: torch.Tensor, sample_rate: int) -> torch.Tensor:
 
 
 def _mel_scores(base: torch.Tensor, cand: torch.Tensor, sample_rate: int) -> FrameScores:
-    if not isinstance(sample_rate, int) or sample_rate <= 0:
+    if not isinstance(sample_rate, numbers.Integral) or sample_rate <= 0:
         raise MetricInputError(f"a positive integer sample_rate is needed for mel metrics, got {sample_rate!r}")
-    ref, test = mel_db(base, sample_rate), mel_db(cand, sample_rate)
+    ref, test = mel_db(base, int(sample_rate)), mel_db(cand, int(sample_rate))
     if ref.shape[-1] < WINDOW:
         raise MetricInputError(
             f"audio of {base.shape[-1]} samples gives {ref.shape[-1]} mel frames; SSIM needs at least {WINDOW} "

@@ -14,6 +14,7 @@ NaN and Inf raise `NonFiniteError`, so a broken output is never scored as if it 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -116,11 +117,20 @@ def _to_nhwc(t: torch.Tensor, layout: str, name: str) -> torch.Tensor:
     return t
 
 
+def _non_finite(t: torch.Tensor, name: str) -> NonFiniteError:
+    return NonFiniteError(name, "NaN" if bool(torch.isnan(t).any()) else "Inf")
+
+
 def check_finite(t: torch.Tensor, name: str) -> None:
-    """Raise `NonFiniteError` when a float tensor holds NaN (reported first) or Inf."""
-    if not t.is_floating_point() or bool(torch.isfinite(t).all()):
+    """Raise `NonFiniteError` when a float tensor holds NaN (reported first) or Inf.
+
+    One pass: NaN and Inf propagate into the sum; only a sum that is not finite (or overflowed) is looked at
+    element by element.
+    """
+    if not t.is_floating_point() or t.numel() == 0 or math.isfinite(float(t.sum())):
         return
-    raise NonFiniteError(name, "NaN" if bool(torch.isnan(t).any()) else "Inf")
+    if not bool(torch.isfinite(t).all()):
+        raise _non_finite(t, name)
 
 
 def _to_unit_range(t: torch.Tensor, value_range: tuple[float, float] | None, name: str) -> torch.Tensor:
@@ -134,25 +144,27 @@ def _to_unit_range(t: torch.Tensor, value_range: tuple[float, float] | None, nam
         if not t.is_floating_point():
             raise MetricInputError(
                 f"{name}: integer dtype {t.dtype} has no known range; pass value_range=(low, high)")
-        check_finite(t, name)
-        t = t.to(torch.float32)
+        low, high = 0.0, 1.0
     else:
         low, high = (float(v) for v in value_range)
         if not high > low:
             raise MetricInputError(f"value_range {value_range!r} must be (low, high) with high > low")
-        check_finite(t, name)
-        t = t.to(torch.float32).sub(low).div_(high - low)
-    if t.numel():
-        lo, hi = float(t.min()), float(t.max())
-        if lo < -RANGE_TOLERANCE or hi > 1 + RANGE_TOLERANCE:
-            given = f"value_range {tuple(value_range)}" if value_range else "[0, 1]"
-            raise MetricInputError(
-                f"{name}: values span [{lo:.4g}, {hi:.4g}] after scaling, outside {given}; pass the range the "
-                "data really has, e.g. value_range=(0, 255) for a float image in [0, 255] or (-1, 1) for a raw "
-                "decoder output")
-        if lo < 0 or hi > 1:
-            t = t.clamp(0.0, 1.0)
-    return t
+    if t.numel() == 0:
+        raise MetricInputError(f"{name}: empty image")
+    lo, hi = (float(v) for v in torch.aminmax(t))  # one pass; NaN and Inf show up here too
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise _non_finite(t, name)
+    lo, hi = (lo - low) / (high - low), (hi - low) / (high - low)
+    if lo < -RANGE_TOLERANCE or hi > 1 + RANGE_TOLERANCE:
+        given = f"value_range {tuple(value_range)}" if value_range else "[0, 1]"
+        raise MetricInputError(
+            f"{name}: values span [{lo:.4g}, {hi:.4g}] after scaling, outside {given}; pass the range the "
+            "data really has, e.g. value_range=(0, 255) for a float image in [0, 255] or (-1, 1) for a raw "
+            "decoder output")
+    t = t.to(torch.float32)
+    if (low, high) != (0.0, 1.0):
+        t = t.sub(low).div_(high - low)
+    return t.clamp(0.0, 1.0) if lo < 0 or hi > 1 else t
 
 
 def as_frames(x: Any, *, layout: str | None = None, value_range: tuple[float, float] | None = None,

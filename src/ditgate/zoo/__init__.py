@@ -20,7 +20,7 @@ from ..errors import DitgateError, UnknownZooModelError
 from . import builders
 
 ZOO_PREFIX = "zoo:"
-ZOO_FORMAT = 1  # bump when a builder changes, so cached folders are rebuilt
+ZOO_FORMAT = 2  # bump when a builder changes, so cached folders are rebuilt
 META_FILE = "ditgate.json"
 
 
@@ -32,6 +32,7 @@ class ZooModel:
     summary: str
     build: Callable[[int], Any] = field(repr=False)
     call: dict[str, Any] = field(default_factory=dict)  # default pipeline call arguments
+    vae_tiling: dict[str, Any] = field(default_factory=dict)  # arguments of vae.enable_tiling() for tiled rows
 
 
 ZOO: dict[str, ZooModel] = {
@@ -46,7 +47,10 @@ ZOO: dict[str, ZooModel] = {
                  "Wan 2.1 T2V layout: 4 blocks, 4 heads; UMT5; 9 frames of 64x64 -> 48 tokens",
                  builders.build_wan,
                  {"prompt": "a tiny red cube spinning", "negative_prompt": "blurry", "height": 64, "width": 64,
-                  "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0, "max_sequence_length": 16}),
+                  "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0, "max_sequence_length": 16},
+                 # 64x64 frames would decode in one tile at the default 256-pixel tiles: 32-pixel tiles make 3x3
+                 vae_tiling={"tile_sample_min_height": 32, "tile_sample_min_width": 32,
+                             "tile_sample_stride_height": 24, "tile_sample_stride_width": 24}),
         ZooModel("qwen-image", "QwenImagePipeline", "image",
                  "Qwen-Image layout: 4 blocks, 4 heads; Qwen2.5-VL text encoder; true CFG (2 calls per step)",
                  builders.build_qwen_image,
@@ -98,7 +102,7 @@ def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
     try:
         model.build(seed).save_pretrained(staging, safe_serialization=True)
         meta = {"zoo": model.name, "seed": seed, "modality": model.modality, "call": model.call,
-                "format": ZOO_FORMAT}
+                "vae_tiling": model.vae_tiling, "format": ZOO_FORMAT}
         (staging / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

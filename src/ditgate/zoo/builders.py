@@ -54,8 +54,10 @@ def build_wan(seed: int = 0):
     umt5 = _seeded(seed + 1, lambda: UMT5EncoderModel(UMT5Config(
         vocab_size=256, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
         relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)))
+    # base_dim 8, not less: a 3-channel random VAE decodes to low-contrast frames whose SSIM reacts to noise-level
+    # latent changes (a correct cache schedule then scored 29.5 dB / SSIM 0.78 on the worst frame; 52.9 / 0.999 here)
     vae = _seeded(seed + 2, lambda: AutoencoderKLWan(
-        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]))
+        base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]))
     return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5, vae=vae,
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer)
 

@@ -10,10 +10,11 @@ SSIM is Wang et al.'s definition with a Gaussian window, exactly as scikit-image
 
 torchmetrics' `structural_similarity_index_measure` computes the same per-pixel map but pads by reflection and
 averages the border too, which moves the result by about 1e-4 from scikit-image; with `return_full_image=True` and
-the 5-pixel crop it agrees with this kernel to 1e-6 (tests/test_metrics.py checks both). It is not used here
-because its 11x11 non-separable grouped convolution was slower on a CPU than scikit-image itself
-(benchmarks/README.md). This kernel filters separably (11 + 11 taps) with depthwise convolutions on channels-last
-data, stacking the four maps it needs (x, y, x^2 + y^2, xy) as channels of one convolution.
+the 5-pixel crop it agrees with this kernel to 1e-6 (tests/test_metrics.py checks both). It is not used here:
+its 11x11 non-separable grouped convolution is slower on a CPU than scikit-image itself (benchmarks/README.md).
+This kernel filters separably (11 + 11 taps) with matrix products (`GaussianFilter`), the four maps it needs
+(x, y, x^2 + y^2, xy for every channel of every frame) side by side in one planar buffer, so a whole chunk of
+frames is filtered by a few dozen GEMMs.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ C2 = (K2 * DATA_RANGE) ** 2
 
 # Work sizes. On a CPU one strip of output rows of one frame at a time keeps the working set in cache (the
 # element-wise steps are memory bound there); on a GPU many whole frames go into each call.
-BAND = 16                     # outputs per block of the banded filter matrices
+BAND = 32                     # outputs per block of the banded filter matrices
 CPU_STRIP_ROWS = 64           # SSIM-map rows per strip on a CPU
 GPU_CHUNK_ELEMENTS = 1 << 25  # input elements (frames x H x W x C) per chunk on a GPU
 
@@ -53,9 +54,9 @@ class GaussianFilter:
     """Valid-mode separable Gaussian filtering as dense matrix products.
 
     Filtering n outputs along an axis is a banded (n, n + 10) matrix times the data. The band is cut into blocks of
-    BAND outputs, so each block is a small dense (BAND, BAND + 10) matrix applied with one GEMM: about twice the
-    multiply-adds of a direct 11-tap filter, but run at matrix-multiply speed, with no transposes and no copies
-    (outputs are written in place through `out=`). The data is laid out (H, ..., W): rows are filtered by
+    BAND outputs, so each block is a small dense (BAND, BAND + 10) matrix applied with one GEMM: (BAND + 10) / 11
+    times the multiply-adds of a direct 11-tap filter, but run at matrix-multiply speed, with no transposes and no
+    copies (outputs are written in place through `out=`). The data is laid out (H, ..., W): rows are filtered by
     multiplying from the left, columns by multiplying from the right.
     """
 
@@ -92,11 +93,12 @@ def ssim_map(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor | None = None
     `shift` (broadcastable to (n, 1, 1, c)) is subtracted before the second moments are filtered and added back to
     the means: variances and covariances do not change under a constant shift, and float32 sums of centred values
     lose far less to cancellation (without it the mean SSIM of a smooth image is off by about 1e-5). By default it
-    is the per-frame, per-channel mean of both inputs.
+    is the mean of both inputs per frame and channel (frame_sums calls this per strip of rows, so the shift
+    follows the image's brightness down the frame). Inputs may be float32 or float64; the map has their dtype.
     """
     n, h, w, c = x.shape
     if blur is None:
-        blur = GaussianFilter(x.device)
+        blur = GaussianFilter(x.device, x.dtype)
     if shift is None:
         shift = (x.mean(dim=(1, 2), keepdim=True) + y.mean(dim=(1, 2), keepdim=True)) / 2
     shift = shift.expand(n, 1, 1, c).permute(1, 0, 3, 2)           # (1, n, c, 1)
@@ -107,12 +109,12 @@ def ssim_map(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor | None = None
     torch.mul(xc, xc, out=sq).addcmul_(yc, yc)
     torch.mul(xc, yc, out=xy)
     mu_x, mu_y, sq, xy = blur(z).unbind(2)                          # each (h - 10, n, c, w - 10)
-    # Written so that identical inputs give exactly 1: numerator and denominator then round the same way.
-    cs_num = xy.mul_(2).add_(C2).sub_((mu_x * mu_y).mul_(2))          # 2 cov + C2
-    cs_den = sq.add_(C2).sub_((mu_x * mu_x).add_(mu_y * mu_y))         # var_x + var_y + C2
+    cs_num = xy.mul_(2).add_(C2).addcmul_(mu_x, mu_y, value=-2)                          # 2 cov + C2
+    cs_den = sq.add_(C2).addcmul_(mu_x, mu_x, value=-1).addcmul_(mu_y, mu_y, value=-1)   # var_x + var_y + C2
     mu_x, mu_y = mu_x.add_(shift), mu_y.add_(shift)
-    l_num = (mu_x * mu_y).mul_(2).add_(C1)                          # 2 mu_x mu_y + C1
-    l_den = (mu_x * mu_x).add_(mu_y * mu_y).add_(C1)                # mu_x^2 + mu_y^2 + C1
+    c1 = torch.tensor(C1, dtype=x.dtype, device=x.device)
+    l_num = torch.addcmul(c1, mu_x, mu_y, value=2)                                       # 2 mu_x mu_y + C1
+    l_den = torch.addcmul(c1, mu_x, mu_x).addcmul_(mu_y, mu_y)                           # mu_x^2 + mu_y^2 + C1
     return l_num.mul_(cs_num).div_(l_den.mul_(cs_den))
 
 
@@ -146,12 +148,21 @@ def _segments(length: int, grid: int, device: torch.device) -> tuple[torch.Tenso
     return onehot, np.diff(edges)
 
 
-def frame_sums(x: torch.Tensor, y: torch.Tensor, grid: int = 1) -> KernelOutput:
-    """Squared error and SSIM tile sums of two float32 (N, H, W, C) batches in [0, 1] on the same device."""
+def frame_sums(x: torch.Tensor, y: torch.Tensor, grid: int = 1,
+               precision: torch.dtype = torch.float32) -> KernelOutput:
+    """Squared error and SSIM tile sums of two float32 (N, H, W, C) batches in [0, 1] on the same device.
+
+    `precision` is the dtype the SSIM statistics are computed in. float32 (the default) agrees with scikit-image
+    (float64) to about 1e-8 on natural and noisy images; where a large flat region differs by a constant offset
+    between the inputs, float32 rounding of the local variance (relative to C2 = 9e-4) can move SSIM by up to about
+    1e-4. float64 agrees to 1e-9 everywhere and takes about 2.3 times as long on a CPU.
+    """
     n, h, w, c = x.shape
     check_size(h, w, grid)
+    if precision not in (torch.float32, torch.float64):
+        raise MetricInputError(f"precision must be torch.float32 or torch.float64, got {precision}")
     mh, mw = h - 2 * RADIUS, w - 2 * RADIUS
-    blur = GaussianFilter(x.device)
+    blur = GaussianFilter(x.device, precision)
     col_onehot, col_sizes = _segments(mw, grid, x.device)
     row_onehot, row_sizes = _segments(mh, grid, x.device)
     if x.device.type == "cpu":
@@ -165,12 +176,12 @@ def frame_sums(x: torch.Tensor, y: torch.Tensor, grid: int = 1) -> KernelOutput:
         f1 = min(n, f0 + frames_per_chunk)
         xs, ys = x[f0:f1], y[f0:f1]
         diff = xs - ys
+        identical[f0:f1] = (diff == 0).flatten(1).all(dim=1)
         sse[f0:f1] = torch.sum(diff.mul_(diff), dim=(1, 2, 3), dtype=torch.float64)
-        identical[f0:f1] = sse[f0:f1] == 0
-        shift = (xs.mean(dim=(1, 2), keepdim=True) + ys.mean(dim=(1, 2), keepdim=True)) / 2
+        xp, yp = xs.to(precision), ys.to(precision)
         for r0 in range(0, mh, strip):
             r1 = min(mh, r0 + strip)
-            m = ssim_map(xs[:, r0:r1 + 2 * RADIUS], ys[:, r0:r1 + 2 * RADIUS], shift, blur)
+            m = ssim_map(xp[:, r0:r1 + 2 * RADIUS], yp[:, r0:r1 + 2 * RADIUS], blur=blur)
             row_tiles[r0:r1, f0:f1] = m.sum(dim=2).to(torch.float64) @ col_onehot
     tile_sums = torch.einsum("rg,rnk->ngk", row_onehot, row_tiles)
     counts = np.outer(row_sizes, col_sizes) * c
