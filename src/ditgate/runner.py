@@ -314,7 +314,7 @@ class Runner:
         """The noise floor for audio rows: what the calibration row measured against the baseline, and the part of
         it the gate uses (`used`, the `floor=` of gates.evaluate; None: the defaults of gates.json)."""
         from .calibration import gate_floor
-        from .metrics import audio_metrics
+        from .metrics import audio_metrics, tensor_metrics
         from .rows import BASELINE, CALIBRATION
 
         calib, base = self.states.get(CALIBRATION.name), self.states.get(BASELINE.name)
@@ -323,8 +323,12 @@ class Runner:
             return {"measured": None, "used": None,
                     "note": "no calibration row and baseline to measure the floor with: the defaults apply"}
         if calib.measured is None:
-            load = lambda name: store.load_array(self.run_dir, name, "output")  # noqa: E731
-            calib.measured = audio_metrics(load(BASELINE.name), load(CALIBRATION.name), base.result["sample_rate"])
+            load = lambda name, key: store.load_array(self.run_dir, name, key)  # noqa: E731
+            calib.measured = audio_metrics(load(BASELINE.name, "output"), load(CALIBRATION.name, "output"),
+                                           base.result["sample_rate"])
+            latents = load(BASELINE.name, "latents"), load(CALIBRATION.name, "latents")
+            if all(x is not None for x in latents):  # shown next to the rows' latent checks, not a threshold
+                calib.measured["cosine"] = tensor_metrics(*latents)["cosine"]
         return {"measured": calib.measured, "used": gate_floor(calib.measured) or None}
 
 
