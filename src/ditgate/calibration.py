@@ -37,9 +37,15 @@ class OutputNoise:
 
     def __init__(self, size: float | str, seed: int):
         self.size = size
+        self.seed = seed
         self.generator = torch.Generator("cpu").manual_seed(seed)
         self.calls = 0
         self._handles: list = []
+
+    def reset(self) -> None:
+        """Start the noise again from the seed (before each pipeline call, so that every call is perturbed alike)."""
+        self.generator.manual_seed(self.seed)
+        self.calls = 0
 
     def attach(self, pipe) -> "OutputNoise":
         from .probes import transformers_of

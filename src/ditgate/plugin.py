@@ -21,6 +21,7 @@ registry lazily only while it is empty and a registration made first would hide 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -96,23 +97,34 @@ def activate_cache_dit_planners() -> None:
 
 
 def load(path: str | Path | None) -> Integration | None:
+    """Import the integration file once per process (a second import would register its planners twice)."""
     if path is None:
         return None
     path = Path(path).resolve()
     if not path.is_file():
         raise PluginError(f"integration file {path} does not exist")
-    activate_cache_dit_planners()
-    spec = importlib.util.spec_from_file_location(f"ditgate_integration_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise PluginError(f"importing integration file {path} failed: {exc!r}") from exc
-    hooks: dict[str, Any] = {name: getattr(module, name, None) for name in HOOKS}
-    for name, value in hooks.items():
+    name = f"ditgate_integration_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    module = sys.modules.get(name)
+    if module is None or getattr(module, "_ditgate_mtime", None) != path.stat().st_mtime_ns:
+        module = _import(path, name)
+    hooks: dict[str, Any] = {hook: getattr(module, hook, None) for hook in HOOKS}
+    for hook, value in hooks.items():
         if value is not None and not callable(value):
-            raise PluginError(f"{path}: {name} must be a function")
+            raise PluginError(f"{path}: {hook} must be a function")
     if not any(hooks.values()):
         raise PluginError(f"{path} defines none of {', '.join(HOOKS)}")
     return Integration(path=path, **hooks)
+
+
+def _import(path: Path, name: str):
+    activate_cache_dit_planners()
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise PluginError(f"importing integration file {path} failed: {exc!r}") from exc
+    module._ditgate_mtime = path.stat().st_mtime_ns
+    return module
