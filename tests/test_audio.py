@@ -167,7 +167,7 @@ def test_wrong_forward_pattern_plugin_fails(tmp_path):
 def test_calibration_is_deterministic_on_cpu():
     path, req = zoo.materialize(MODEL), _request()
     first = run_row(rows.CALIBRATION, path, req)
-    second = run_row(rows.CALIBRATION, path, req)
+    second = run_row(rows.CALIBRATION, path, req, warmup=1)  # the noise starts again from the seed on every call
     base = run_row(rows.BASELINE, path, req)
     np.testing.assert_array_equal(first.output, second.output)
     np.testing.assert_array_equal(first.latents, second.latents)

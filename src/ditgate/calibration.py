@@ -2,12 +2,14 @@
 sets the audio gate (checklists/gates.json `rules.audio.calibration`).
 
 Why a perturbation. The audio rule accepts a candidate that is no further from the baseline than the same
-configuration run twice. On a CPU in float32 two runs are bit-identical, so a plain rerun measures nothing. What
+configuration run twice. On a CPU two runs are bit-identical (on a GPU too, for zoo:stable-audio on an H200), so a
+plain rerun measures nothing. What
 differs between two GPU runs of one configuration is rounding: a nondeterministic kernel (split reductions, atomics)
 rounds some elements of a layer's output differently, by about one unit roundoff of the run dtype. The calibration
 row reproduces that on any device: it is the baseline with every transformer output x replaced by x * (1 + u z), u
 the unit roundoff of x's dtype (2^-24 in float32, 2^-8 in bfloat16, 2^-11 in float16) and z standard normal noise
-drawn from a CPU generator seeded with the run's seed, so two calibrations are identical. A second seed is not
+drawn from a CPU generator seeded with the run's seed (again for each pipeline call), so two calibrations are
+identical. A second seed is not
 the same configuration (another sample of the model); a second dtype is not either (and it is no small change: on
 zoo:stable-audio bfloat16 moves the latents as far as another prompt does).
 
@@ -87,7 +89,7 @@ def _map_tensors(value: Any, fn) -> Any:
 
 
 def finite_floor(measured: dict[str, float | None]) -> dict[str, float]:
-    """The measured metrics that are a floor at all: finite numbers (inf means the calibration equalled the baseline)."""
+    """The measured metrics that are a floor at all: finite numbers (inf: the calibration equalled the baseline)."""
     return {k: float(v) for k, v in measured.items() if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
