@@ -16,7 +16,6 @@ import torch
 import ditgate
 from ditgate import examples, request, rows, zoo
 from ditgate.anatomy import inspect_model
-from ditgate.execute import initial_noise
 from ditgate.runner import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,11 +150,3 @@ def test_tp_layouts_keep_every_query_head_on_its_key_value_head(tp):
             kv_first = rank * kv_per_rank if candidate == "heads" else 0
             expected = [(q_first + j) // group - kv_first for j in range(q_per_rank)]
             assert index.tolist() == expected, (candidate, rank)
-
-
-def test_initial_noise_keeps_one_copy_of_batched_cfg_input():
-    latents = torch.randn(1, 4, 8, 8)
-    np.testing.assert_array_equal(initial_noise(torch.cat([latents] * 2), latents + 1).numpy(), latents.numpy())
-    other = torch.randn(2, 4, 8, 8)  # two different inputs: not a batched copy, left as it is
-    assert initial_noise(other, latents).shape[0] == 2
-    assert initial_noise(latents, latents + 1) is latents and initial_noise(None, latents) is None

@@ -11,7 +11,7 @@ from ditgate import zoo
 def _generate(pipe, name, seed=0, steps=2):
     call = dict(zoo.get(name).call, num_inference_steps=steps)
     out = pipe(**call, generator=torch.Generator().manual_seed(seed), output_type="np")
-    return np.asarray(out.frames if hasattr(out, "frames") else out.images)
+    return np.asarray(next(getattr(out, k) for k in ("frames", "images", "audios") if hasattr(out, k)))
 
 
 @pytest.mark.parametrize("name", zoo.names())
@@ -43,8 +43,11 @@ def test_heads_and_default_sequence_divide_by_2_and_4(name):
     pipe = ditgate.load(f"zoo:{name}")
     config = pipe.transformer.config
     assert config.num_attention_heads % 4 == 0
+    assert getattr(config, "num_key_value_attention_heads", 4) % 4 == 0
+    # audio: the transformer takes (B, channels, frames) and prepends a token, so count tokens inside the blocks
+    audio = zoo.get(name).modality == "audio"
     seen = []
-    handle = pipe.transformer.register_forward_pre_hook(
+    handle = (pipe.transformer.transformer_blocks[0] if audio else pipe.transformer).register_forward_pre_hook(
         lambda m, args, kwargs: seen.append(kwargs["hidden_states"].shape), with_kwargs=True)
     _generate(pipe, name, steps=1)
     handle.remove()

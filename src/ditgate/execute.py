@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import audio
 from . import request as request_mod
+from .calibration import OutputNoise
 from .errors import DitgateError
 from .isolation import ClassSnapshot
 from .loader import load
@@ -33,6 +35,7 @@ from .rows import Row
 
 
 MASK_POLICIES = ("slow", "medium", "fast", "ultra")  # cache_dit.steps_mask(mask_policy=...)
+WAV_FILE = "output.wav"  # audio rows: the waveform as 16-bit PCM, next to output.npy
 
 
 @dataclass
@@ -46,6 +49,7 @@ class Outcome:
     times: list[float]
     peak_memory: dict[str, Any]
     facts: dict[str, Any] = field(default_factory=dict)
+    sample_rate: int | None = None  # audio: samples per second of `output` (the VAE's sampling rate)
 
 
 def cache_config(row: Row, steps: int | None):
@@ -196,6 +200,10 @@ def generate(pipe, request: Request, probes: Probes):
         kwargs["callback_on_step_end"] = probes.step_callback
         if "callback_on_step_end_tensor_inputs" in params:
             kwargs["callback_on_step_end_tensor_inputs"] = ["latents"]
+    elif "callback" in params:  # the older per-step callback(step, timestep, latents)
+        kwargs["callback"] = probes.legacy_callback
+        if "callback_steps" in params:
+            kwargs["callback_steps"] = 1
     if "output_type" in params:
         kwargs["output_type"] = "np"
     generator = torch.Generator("cpu").manual_seed(request.seed)
@@ -224,14 +232,18 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
     if integration is not None:
         unregister = integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
     snapshot = ClassSnapshot.of(pipe)
-    target, probes, times = None, Probes(), []
+    target, perturbation, probes, times = None, None, Probes(), []
     try:
         stage("apply")
         target = apply(row, pipe, integration, request)
         probes.attach(pipe, compiled=bool(row.compile))
+        if row.perturb is not None:
+            perturbation = OutputNoise(row.perturb, request.seed).attach(pipe)
         for i in range(warmup + repeats):
             stage("compile" if row.compile and i == 0 else "generate")
             probes.reset()
+            if perturbation is not None:
+                perturbation.reset()  # every call draws the same perturbation, whatever --warmup/--repeats say
             if device.startswith("cuda"):
                 torch.cuda.synchronize(device)
                 if i == warmup:
@@ -243,16 +255,21 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
             if i >= warmup:
                 times.append(time.perf_counter() - start)
         output, modality = _decoded(out)
-        noise = initial_noise(probes.noise, probes.latents)
         facts = probes.facts(request.steps)
         facts["cache"] = _cache_stats(target) if row.cache else None
         facts["sharded"] = {name: sharded_weights(m) for name, m in _components(pipe).items()} if row.parallel else {}
+        if perturbation is not None:
+            facts["perturbed_calls"] = perturbation.calls
+        start_noise = probes.initial_noise()
         return Outcome(output=output, modality=modality,
+                       sample_rate=audio.sample_rate(pipe) if modality == "audio" else None,
                        latents=None if probes.latents is None else probes.latents.numpy(),
-                       noise=None if noise is None else noise.numpy(),
+                       noise=None if start_noise is None else start_noise.numpy(),
                        times=times, peak_memory=_peak_memory(device), facts=facts)
     finally:
         probes.detach()
+        if perturbation is not None:
+            perturbation.detach()
         if target is not None and row.cache:
             import cache_dit
 
@@ -273,21 +290,6 @@ def _components(pipe) -> dict[str, torch.nn.Module]:
     return {k: v for k, v in getattr(pipe, "components", {}).items() if isinstance(v, torch.nn.Module)}
 
 
-def initial_noise(noise: torch.Tensor | None, latents: torch.Tensor | None) -> torch.Tensor | None:
-    """The noise the first step started from (the transformer's first input), shaped like the final latents.
-
-    A pipeline with batched classifier-free guidance feeds the transformer `cat([latents] * k)`: one copy is kept.
-    """
-    if noise is None or latents is None or noise.shape == latents.shape or noise.dim() == 0:
-        return noise
-    batch = latents.shape[0]
-    if noise.shape[1:] == latents.shape[1:] and noise.shape[0] % batch == 0:
-        copies = noise.split(batch)
-        if all(torch.equal(copies[0], c) for c in copies[1:]):
-            return copies[0]
-    return noise
-
-
 def _cache_stats(target) -> list[dict[str, Any]]:
     import cache_dit
 
@@ -305,12 +307,15 @@ def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
 
     result = {
         "name": row.name, "fingerprint": row.fingerprint(), "row": row.to_dict(), "status": "ok",
-        "modality": outcome.modality, "times": outcome.times,
+        "modality": outcome.modality, "sample_rate": outcome.sample_rate, "times": outcome.times,
         "latency_s": float(np.median(outcome.times)) if outcome.times else None,
         "peak_memory": outcome.peak_memory, "facts": outcome.facts,
     }
+    files = {}
+    if outcome.modality == "audio" and outcome.sample_rate and np.isfinite(outcome.output).all():
+        files[WAV_FILE] = audio.wav_bytes(outcome.output, outcome.sample_rate)
     store.save_row(run_dir, row.name, result,
-                   {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise})
+                   {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise}, files)
     return result
 
 

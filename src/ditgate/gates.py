@@ -5,9 +5,12 @@ applies, in this order:
 1. the phase's checks for the modality (`phases.<phase>.modalities.<modality>.checks`);
 2. image and video: the region rule (worst-tile SSIM on a `rules.region.grid` split) and the garbled rule
    (PSNR >= `psnr_at_least` while SSIM < `ssim_below`, per image or frame);
-3. audio: `rules.audio.checks`, each value replaced by the calibrated noise floor when `floor` gives one;
+3. audio: `rules.audio.checks`, each value replaced by the calibrated noise floor when `floor` gives one
+   (`ditgate.calibration.gate_floor` turns a measured floor into this argument as `rules.audio.calibration` says);
 4. latents (the modality "latent", or `latents=` given with another modality): the phase's latent checks, plus
-   `rules.tensor.checks` when the phase is exact and `dtype` is one of `rules.tensor.dtypes`.
+   `rules.tensor.checks` when the phase is exact and `dtype` is one of `rules.tensor.dtypes`. Audio latents get
+   the tensor rule in that case and `rules.audio.latent_checks` in every other, never the phase's latent checks;
+   an audio verdict lists its latent checks first.
 A candidate holding NaN or Inf fails with that reason; a baseline that does, mismatched shapes, an unknown phase or
 a check that needs a missing input (`noise` for disp_rel_error) raise a `DitgateError`.
 
@@ -154,14 +157,15 @@ class Verdict:
 
     def to_dict(self) -> dict:
         """JSON-ready: inf -> "inf", -inf -> "-inf", NaN -> null (see the module docstring)."""
-        return _json_ready(asdict(self))
+        return json_ready(asdict(self))
 
 
-def _json_ready(value: Any) -> Any:
+def json_ready(value: Any) -> Any:
+    """`value` with inf -> "inf", -inf -> "-inf" and NaN -> None, in nested dicts and lists."""
     if isinstance(value, dict):
-        return {k: _json_ready(v) for k, v in value.items()}
+        return {k: json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
+        return [json_ready(v) for v in value]
     if isinstance(value, float):
         if math.isnan(value):
             return None
@@ -194,10 +198,13 @@ def _normalize_dtype(dtype: Any) -> str:
     return _DTYPE_ALIASES[key]
 
 
-def _latent_checks(gates: dict, spec: dict, dtype: str) -> list[dict]:
-    checks = list(spec["modalities"].get("latent", {}).get("checks", []))
+def _latent_checks(gates: dict, spec: dict, dtype: str, modality: str) -> list[dict]:
     tensor = gates["rules"]["tensor"]
-    if spec["exact"] and dtype in tensor["dtypes"]:
+    exact = spec["exact"] and dtype in tensor["dtypes"]
+    if modality == "audio":  # the phase's latent checks were measured on images; audio has its own
+        return list(tensor["checks"] if exact else gates["rules"]["audio"]["latent_checks"])
+    checks = list(spec["modalities"].get("latent", {}).get("checks", []))
+    if exact:
         checks += tensor["checks"]
     return checks
 
@@ -269,7 +276,7 @@ def _select_checks(gates: dict, phase: str, modality: str, has_latents: bool, dt
         output_checks = _audio_checks(gates, spec, floor)
     else:
         output_checks = []
-    latent_checks = _latent_checks(gates, spec, dtype) if has_latents else []
+    latent_checks = _latent_checks(gates, spec, dtype, modality) if has_latents else []
     if modality == "latent" and not latent_checks:
         raise GateInputError(f"phase {phase} has no latent gate (no latent checks, and the tensor rule applies to "
                              f"exact phases in {', '.join(gates['rules']['tensor']['dtypes'])} only)")
@@ -325,7 +332,8 @@ def evaluate(phase: str, modality: str, baseline: Any, candidate: Any, *, latent
     broken = bool(reasons)  # only non-finite outputs have added a reason so far
 
     results: list[CheckResult] = []
-    for check in output_checks + latent_checks:
+    ordered = latent_checks + output_checks if modality == "audio" else output_checks + latent_checks
+    for check in ordered:
         result = _check(check, values.get(check["metric"]))
         results.append(result)
         if result.passed or result.value is None:

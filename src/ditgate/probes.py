@@ -3,7 +3,8 @@
 They prove that a feature acted: how often the last block of each block list ran (cache skips blocks), the
 number of tokens leaving the first block (context parallelism divides it), how many transformer calls a step
 makes, how often the VAE decoder ran (VAE parallelism splits tiles), the initial noise and the final latents.
-They also time the transformer calls (CUDA events on a GPU, so nothing waits for the device), which tells how much
+The noise is the first transformer input, so for a scheduler that scales its input (EDM's c_in) it is the
+scaled noise the model saw. They also time the transformer calls (CUDA events on a GPU, so nothing waits for the device), which tells how much
 of a pipeline call a transformer speedup can act on.
 
 With `attach(pipe, compiled=True)` every hook runs outside torch.compile (`torch.compiler.disable`): a compiled
@@ -125,10 +126,29 @@ class Probes:
 
     def step_callback(self, pipe, step: int, timestep, callback_kwargs: dict[str, Any]):
         """For `callback_on_step_end`: keeps the latents after the last step."""
-        latents = callback_kwargs.get("latents")
+        self._keep_latents(callback_kwargs.get("latents"))
+        return callback_kwargs
+
+    def legacy_callback(self, step: int, timestep, latents) -> None:
+        """For the older `callback(step, timestep, latents)` argument (StableAudioPipeline has no other)."""
+        self._keep_latents(latents)
+
+    def _keep_latents(self, latents) -> None:
         if isinstance(latents, torch.Tensor):
             self.latents = latents.detach().float().cpu().clone()
-        return callback_kwargs
+
+    def initial_noise(self) -> torch.Tensor | None:
+        """The first transformer input in the layout of the final latents: a batched classifier-free-guidance input
+        (`torch.cat([latents] * 2)`) is reduced to one copy. None when the two layouts cannot be matched."""
+        noise, latents = self.noise, self.latents
+        if noise is None or latents is None or noise.shape == latents.shape:
+            return noise
+        batch = latents.shape[0]
+        if noise.shape[1:] == latents.shape[1:] and batch and noise.shape[0] % batch == 0:
+            copies = noise.split(batch)
+            if all(torch.equal(c, copies[0]) for c in copies[1:]):
+                return copies[0]
+        return None
 
     def facts(self, steps: int | None) -> dict[str, Any]:
         return {

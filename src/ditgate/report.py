@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__, store
+from .gates import format_value, json_ready
 from .paths import checklists_dir
 
 AMPLIFY = 10.0
@@ -33,7 +34,7 @@ def _row_record(state, base, profile) -> dict[str, Any]:
     result = state.result or {}
     baseline_latency = (base.result or {}).get("latency_s") if base else None
     latency = result.get("latency_s")
-    metrics = (state.verdict or {}).get("metrics", {})
+    metrics = (state.verdict or {}).get("metrics") or json_ready(state.measured or {})
     return {
         "name": state.row.name,
         "phase": state.row.phase,
@@ -44,6 +45,7 @@ def _row_record(state, base, profile) -> dict[str, Any]:
                    "compile": state.row.compile, "quantize": state.row.quantize},
         "status": _status(state),
         "modality": result.get("modality"),
+        "sample_rate": result.get("sample_rate"),
         "latency_s": latency,
         "times": result.get("times"),
         "speedup": (baseline_latency / latency) if latency and baseline_latency else None,
@@ -105,6 +107,8 @@ def _fmt(value: Any, spec: str) -> str:
 def markdown(report: dict[str, Any]) -> str:
     call = report["request"]["call"]
     size = "x".join(str(call[k]) for k in ("num_frames", "height", "width") if k in call)
+    if not size and "audio_end_in_s" in call:
+        size = f"{call.get('audio_start_in_s', 0)}-{call['audio_end_in_s']} s of audio"
     lines = [
         f"# ditgate run: {report['model']}",
         "",
@@ -131,6 +135,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_fmt(ssim, '.4f')} | "
             f"{_fmt(m.get('worst_tile_ssim'), '.4f')} | {_fmt(m.get('max_abs'), '.2e')} | {_fmt(mem, '.0f')} | "
             f"{r['status'].upper()} |")
+    lines += _audio_lines(report)
     failures = [r for r in report["rows"] if r["reasons"]]
     if failures:
         lines += ["", "## Why rows failed", ""]
@@ -157,6 +162,31 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "Peak memory on CPU is the peak resident set of the process that ran the row."]
     lines += ["", "![baseline, rows and amplified differences](grid.png)" if report.get("grid") else ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+AUDIO_METRICS = ("cosine", "si_sdr", "mel_psnr", "mel_ssim")  # latents first, then the waveform
+
+
+def _audio_lines(report: dict[str, Any]) -> list[str]:
+    """The audio table: latent cosine, SI-SDR, mel PSNR and SSIM per row, the calibration row's being the floor."""
+    rows = [r for r in report["rows"] if r["modality"] == "audio" and r["metrics"]]
+    if not rows:
+        return []
+    lines = ["", "## Audio (latents, then waveform; the calibration row is the measured noise floor)", "",
+             "| row | latent cosine | SI-SDR | mel PSNR | mel SSIM | thresholds |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        values = [_metric_text(m, r["metrics"].get(m)) for m in AUDIO_METRICS]
+        checks = (r["verdict"] or {}).get("checks", [])
+        limits = ", ".join(f"{c['metric']} {c['op']} {format_value(c['metric'], c['threshold'], threshold=True)}"
+                           for c in checks if c["metric"] in AUDIO_METRICS)
+        lines.append(f"| {r['name']} | " + " | ".join(values) + f" | {limits or '–'} |")
+    return lines
+
+
+def _metric_text(metric: str, value: Any) -> str:
+    if value is None:
+        return "–"
+    return value if isinstance(value, str) else format_value(metric, value)
 
 
 def _picture(array: np.ndarray | None, modality: str) -> np.ndarray | None:

@@ -38,6 +38,7 @@ class Row:
     cache: dict[str, Any] | None = None  # DBCacheConfig fields; plus mask: "alternate" | [1, 0, ...], taylorseer: order
     parallel: dict[str, Any] | None = None  # ulysses_size, ring_size, tp_size, text_encoder, vae, other ParallelismConfig fields
     vae_tiling: bool = False  # decode with vae.enable_tiling() (the reference of VAE-P)
+    perturb: float | str | None = None  # noise multiplied into every transformer output (see ditgate.calibration)
     description: str = ""
     compile: bool | dict[str, Any] = False  # torch.compile the transformer(s): True, or options (COMPILE_OPTIONS)
     quantize: dict[str, Any] | None = None  # cache_dit.QuantizeConfig fields, e.g. {"quant_type": "float8_per_row"}
@@ -101,7 +102,11 @@ DEFAULT_ROWS: tuple[Row, ...] = (
     Row("hybrid-u2xtp2", "hybrid", parallel={"ulysses_size": 2, "tp_size": 2},
         description="Ulysses-2 x TP-2 on 4 ranks"),
 )
-REFERENCE_ROWS = {r.name: r for r in (BASELINE, BASELINE_TILED)}
+# The audio noise floor (gates.json rules.audio.calibration): the runner adds it by itself when an audio row is gated.
+CALIBRATION = Row("calibration", perturb="unit_roundoff",
+                  description="the baseline again, every transformer output perturbed by one rounding error: the "
+                              "audio noise floor")
+REFERENCE_ROWS = {r.name: r for r in (BASELINE, BASELINE_TILED, CALIBRATION)}
 
 
 def _check(row: Row) -> Row:
@@ -111,6 +116,10 @@ def _check(row: Row) -> Row:
         raise RowError(f"row {row.name!r}: unknown phase {row.phase!r}; phases: {', '.join(PHASES)}")
     if row.phase is not None and not row.baseline:
         raise RowError(f"row {row.name!r}: a gated row needs a baseline row to compare with")
+    size = row.perturb
+    if size is not None and size != "unit_roundoff" and (
+            isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size < float("inf")):
+        raise RowError(f"row {row.name!r}: perturb must be 'unit_roundoff' or a positive number, got {row.perturb!r}")
     for key in ("ulysses_size", "ring_size", "tp_size"):
         value = (row.parallel or {}).get(key)
         if value is not None and (not isinstance(value, int) or value < 1):

@@ -69,6 +69,7 @@ class RowState:
     verdict: dict[str, Any] | None = None
     proofs: list[dict[str, Any]] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    measured: dict[str, Any] | None = None  # the calibration row: the noise floor it measured
 
     @property
     def ran(self) -> bool:
@@ -182,7 +183,22 @@ class Runner:
             self._run_in_process(row)
         for size in sorted({r.world_size for r in pending if r.world_size > 1}):
             self._run_group([r for r in pending if r.world_size == size], size)
+        self._calibrate()
         return self.finish()
+
+    def _calibrate(self) -> None:
+        """Run the calibration row when a gated audio row ran and the run has none yet (see ditgate.calibration)."""
+        from .rows import CALIBRATION
+
+        if CALIBRATION.name in self.states or not any(
+                s.ran and s.row.phase and s.result.get("modality") == "audio" for s in self.states.values()):
+            return
+        self.states[CALIBRATION.name] = RowState(CALIBRATION)
+        done = _done(self.run_dir, CALIBRATION, self.cfg.resume)
+        if done:
+            self._record(self.states[CALIBRATION.name], done | {"resumed": True})
+        else:
+            self._run_in_process(CALIBRATION)
 
     def _run_in_process(self, row: Row) -> None:
         from . import plugin
@@ -254,6 +270,7 @@ class Runner:
 
         for state in self.states.values():
             self._judge(state)
+        self._audio_floor()  # the calibration row's measurement shows in the report even without an audio row gated
         note = None
         if self.profile is None and any(s.ran and (s.row.cache or s.row.world_size > 1)
                                         for s in self.states.values()):
@@ -266,7 +283,7 @@ class Runner:
 
     def _judge(self, state: RowState) -> None:
         from . import proofs
-        from .gates import evaluate
+        from .gates import evaluate, json_ready
 
         row = state.row
         if row.phase is None or not state.ran:
@@ -281,15 +298,39 @@ class Runner:
             return
         load = lambda name, key: store.load_array(self.run_dir, name, key)  # noqa: E731
         latents = (load(base.row.name, "latents"), load(row.name, "latents"))
-        verdict = evaluate(row.phase, state.result["modality"], load(base.row.name, "output"), load(row.name, "output"),
+        modality = state.result["modality"]
+        audio = self._audio_floor() if modality == "audio" else {}
+        verdict = evaluate(row.phase, modality, load(base.row.name, "output"), load(row.name, "output"),
                            latents=latents if all(x is not None for x in latents) else None,
-                           noise=load(base.row.name, "noise"), dtype=self.cfg.dtype)
-        state.verdict = verdict.to_dict()
+                           noise=load(base.row.name, "noise"), dtype=self.cfg.dtype,
+                           sample_rate=state.result.get("sample_rate"), floor=audio.get("used"))
+        state.verdict = verdict.to_dict() | ({"floor": json_ready(audio)} if audio else {})
         state.reasons.extend(verdict.reasons)
         for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
             state.proofs.append(proof.to_dict())
             if not proof.passed:
                 state.reasons.append(f"{proof.feature} did not act: {proof.detail}")
+
+    def _audio_floor(self) -> dict[str, Any]:
+        """The noise floor for audio rows: what the calibration row measured against the baseline, and the part of
+        it the gate uses (`used`, the `floor=` of gates.evaluate; None: the defaults of gates.json)."""
+        from .calibration import gate_floor
+        from .metrics import audio_metrics, tensor_metrics
+        from .rows import BASELINE, CALIBRATION
+
+        calib, base = self.states.get(CALIBRATION.name), self.states.get(BASELINE.name)
+        if calib is None or base is None or not (calib.ran and base.ran) or any(
+                s.result.get("modality") != "audio" for s in (calib, base)):
+            return {"measured": None, "used": None,
+                    "note": "no calibration row and baseline to measure the floor with: the defaults apply"}
+        if calib.measured is None:
+            load = lambda name, key: store.load_array(self.run_dir, name, key)  # noqa: E731
+            calib.measured = audio_metrics(load(BASELINE.name, "output"), load(CALIBRATION.name, "output"),
+                                           base.result["sample_rate"])
+            latents = load(BASELINE.name, "latents"), load(CALIBRATION.name, "latents")
+            if all(x is not None for x in latents):  # shown next to the rows' latent checks, not a threshold
+                calib.measured["cosine"] = tensor_metrics(*latents)["cosine"]
+        return {"measured": calib.measured, "used": gate_floor(calib.measured) or None}
 
 
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None) -> dict[str, Any]:

@@ -3,7 +3,8 @@
     RUN/run.json                      model, request, dtype, device, versions, rows
     RUN/rows/NAME/output.npy          decoded output (image HWC, video FHWC, audio CS), float32
     RUN/rows/NAME/latents.npy         final latents (after the last step), when the pipeline exposes them
-    RUN/rows/NAME/noise.npy           initial noise (the first transformer input)
+    RUN/rows/NAME/noise.npy           initial noise (the first transformer input, one copy of a batched-CFG input)
+    RUN/rows/NAME/output.wav          audio rows: the waveform as 16-bit PCM at the VAE's sample rate (to listen to)
     RUN/rows/NAME/result.json         written last: its presence means the row finished
     RUN/report.json, report.md, grid.png
 
@@ -23,16 +24,20 @@ import numpy as np
 RESULT = "result.json"
 
 
-def write_text(path: Path, text: str) -> None:
+def write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text(path: Path, text: str) -> None:
+    write_bytes(path, text.encode())
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -63,13 +68,16 @@ def row_dir(run_dir: Path, name: str) -> Path:
     return run_dir / "rows" / name
 
 
-def save_row(run_dir: Path, name: str, result: dict[str, Any], arrays: dict[str, np.ndarray | None]) -> None:
-    """Arrays first, `result.json` last."""
+def save_row(run_dir: Path, name: str, result: dict[str, Any], arrays: dict[str, np.ndarray | None],
+             files: dict[str, bytes] | None = None) -> None:
+    """Arrays and other files (name -> content) first, `result.json` last."""
     folder = row_dir(run_dir, name)
     (folder / RESULT).unlink(missing_ok=True)
     for key, array in arrays.items():
         if array is not None:
             write_array(folder / f"{key}.npy", array)
+    for file_name, data in (files or {}).items():
+        write_bytes(folder / file_name, data)
     write_json(folder / RESULT, result)
 
 

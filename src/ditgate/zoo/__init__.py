@@ -57,6 +57,12 @@ ZOO: dict[str, ZooModel] = {
                  builders.build_qwen_image,
                  {"prompt": "a tiny red cube on a table", "negative_prompt": "blurry", "height": 128, "width": 128,
                   "num_inference_steps": 8, "true_cfg_scale": 2.0, "max_sequence_length": 64}),
+        ZooModel("stable-audio", "StableAudioPipeline", "audio",
+                 "Stable Audio Open layout: 4 blocks, 8 heads (4 KV); T5; fixed 31-frame window at 44.1 kHz -> "
+                 "32 block tokens; batched CFG",
+                 builders.build_stable_audio,
+                 {"prompt": "a tiny drum loop", "audio_end_in_s": 0.25, "num_inference_steps": 8,
+                  "guidance_scale": 7.0}),
         # Not from diffusers: the code is the `tinymm` package in the repository's examples/ (ditgate.examples).
         ZooModel("tinymm", "TinyMMPipeline", "image",
                  "not in diffusers (examples/tinymm): 4 joint blocks, 4 query / 2 KV heads, 2-D RoPE, text padding "

@@ -143,3 +143,34 @@ def build_tinymm(seed: int = 0):
         use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0, scaling_factor=1.0))
     return TinyMMPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=t5,
                           tokenizer=t5_tokenizer(), transformer=transformer)
+
+
+def build_stable_audio(seed: int = 0):
+    """StableAudioPipeline: 4 blocks, 8 query / 4 key-value heads x 8, T5 encoder, Oobleck VAE, EDM DPM-Solver.
+
+    The window is fixed (`sample_size` 31 latent frames of 512 samples at 44.1 kHz, 0.36 s); the global token the
+    transformer prepends makes 32 block tokens, which split over 2 or 4 ranks. The scheduler is the deterministic
+    (ODE) DPM-Solver++ with Stable Audio's EDM settings: the released model's SDE scheduler needs `torchsde`.
+    """
+    from diffusers import AutoencoderOobleck, EDMDPMSolverMultistepScheduler, StableAudioDiTModel, StableAudioPipeline
+    from diffusers.pipelines.stable_audio import StableAudioProjectionModel
+    from transformers import T5Config, T5EncoderModel
+
+    d_text = 32
+    transformer = _seeded(seed, lambda: StableAudioDiTModel(
+        sample_size=31, in_channels=8, out_channels=8, num_layers=4, attention_head_dim=8, num_attention_heads=8,
+        num_key_value_attention_heads=4, cross_attention_dim=32, time_proj_dim=32,
+        global_states_input_dim=2 * d_text, cross_attention_input_dim=d_text))
+    t5 = _seeded(seed + 1, lambda: T5EncoderModel(T5Config(
+        vocab_size=256, d_model=d_text, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)))
+    projection = _seeded(seed + 2, lambda: StableAudioProjectionModel(
+        text_encoder_dim=d_text, conditioning_dim=d_text, min_value=0, max_value=4))
+    vae = _seeded(seed + 3, lambda: AutoencoderOobleck(
+        encoder_hidden_size=8, downsampling_ratios=[2, 4, 8, 8], channel_multiples=[1, 2, 4, 4], decoder_channels=8,
+        decoder_input_channels=8, audio_channels=2, sampling_rate=44100))
+    scheduler = EDMDPMSolverMultistepScheduler(
+        sigma_min=0.3, sigma_max=500.0, sigma_data=1.0, sigma_schedule="exponential", prediction_type="v_prediction",
+        solver_order=2, algorithm_type="dpmsolver++")
+    return StableAudioPipeline(vae=vae, text_encoder=t5, projection_model=projection, tokenizer=t5_tokenizer(32),
+                               transformer=transformer, scheduler=scheduler)
