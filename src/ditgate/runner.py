@@ -56,6 +56,7 @@ class RunConfig:
     resume: bool = False
     warmup: int = 0
     repeats: int = 1
+    gates: Path | None = None  # gate table to judge with; None: checklists/gates.json
 
 
 @dataclass
@@ -264,7 +265,7 @@ class Runner:
 
     def _judge(self, state: RowState) -> None:
         from . import proofs
-        from .gates import evaluate
+        from .gates import evaluate, load_gates
 
         row = state.row
         if row.phase is None or not state.ran:
@@ -281,7 +282,8 @@ class Runner:
         latents = (load(base.row.name, "latents"), load(row.name, "latents"))
         verdict = evaluate(row.phase, state.result["modality"], load(base.row.name, "output"), load(row.name, "output"),
                            latents=latents if all(x is not None for x in latents) else None,
-                           noise=load(base.row.name, "noise"), dtype=self.cfg.dtype)
+                           noise=load(base.row.name, "noise"), dtype=self.cfg.dtype,
+                           gates=load_gates(self.cfg.gates) if self.cfg.gates else None)
         state.verdict = verdict.to_dict()
         state.reasons.extend(verdict.reasons)
         for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
