@@ -289,7 +289,7 @@ def collect(out_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def results_table(out_dir: Path, report: dict[str, Any] | None = None) -> str:
-    """Markdown: every gated row of the phase results in `out_dir`, plus `report`'s rows, one line each."""
+    """Markdown: every gated row of the phase results in `out_dir`, then `report`'s rows; each row once."""
     from .report import _fmt
 
     lines = ["| phase | row | ranks | latency (s) | speedup | PSNR (dB) | SSIM | max-abs (latents) | verdict |",
@@ -297,10 +297,12 @@ def results_table(out_dir: Path, report: dict[str, Any] | None = None) -> str:
     sources = [(p, r.get("rows", [])) for p, r in collect(out_dir).items()]
     if report is not None:
         sources.append(("final", report["rows"]))
+    seen = set()
     for phase, rows in sources:
         for r in rows:
-            if r.get("status") == "reference":
+            if r.get("status") == "reference" or r["name"] in seen:  # e.g. the cache row, also cp's reference
                 continue
+            seen.add(r["name"])
             m = r.get("metrics") or {}
             psnr = m.get("psnr", m.get("psnr_frame_min", r.get("psnr")))
             ssim = m.get("ssim", m.get("ssim_frame_min", r.get("ssim")))
@@ -439,7 +441,7 @@ def run_notebooks(notebooks: list[Notebook], out_dir: Path, given: dict[str, str
     return outcomes
 
 
-def summary(outcomes: list[Outcome], width: int = 100) -> str:
+def summary(outcomes: list[Outcome], width: int = 160) -> str:
     """The summary table: notebook, status, seconds, the reason of a failure (first line, shortened)."""
     rows = [(o.notebook, o.status.upper(), "–" if o.seconds is None else f"{o.seconds:.1f}",
              (o.reason.splitlines() or [""])[0][:width]) for o in outcomes]
