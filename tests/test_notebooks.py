@@ -139,6 +139,27 @@ def test_parameters_are_typed_as_declared():
         notebooks.notebook_parameters(cp, {"steps": "four"})
 
 
+def test_gates_parameter_judges_with_another_table(tmp_path):
+    from ditgate.errors import GateConfigError
+
+    table = json.loads((ROOT / "checklists" / "gates.json").read_text())
+    for check in table["phases"]["cache"]["modalities"]["image"]["checks"]:
+        if check["metric"] == "psnr":
+            check["value"] = 1000
+    strict = tmp_path / "strict.json"
+    strict.write_text(json.dumps(table))
+    report = notebooks.run_phase("cache", "zoo:flux", tmp_path, steps=4, gates=str(strict), progress=None)
+    cache = {r["name"]: r for r in report["rows"]}["cache"]
+    assert cache["status"] == "failed" and any("is not > 1000 dB" in reason for reason in cache["reasons"])
+    with pytest.raises(notebooks.GateFailed, match="cache gate failed: cache: PSNR"):
+        notebooks.finish("cache", report, tmp_path)
+    assert json.loads((tmp_path / "cache.json").read_text())["gates"] == str(strict)
+    (tmp_path / "broken.json").write_text("{}")
+    with pytest.raises(GateConfigError):  # refused before any row runs
+        notebooks.run_phase("cache", "zoo:flux", tmp_path / "again", gates=str(tmp_path / "broken.json"))
+    assert not (tmp_path / "again").exists()
+
+
 def test_cli_refuses_bad_requests_before_starting_a_kernel(run_cli, tmp_path):
     code, _, err = run_cli("notebook", "run", "cp", "--model", "zoo:flux", "--out", tmp_path, "-p", "colour", "red")
     assert code == 2 and "colour" in err
@@ -221,6 +242,16 @@ def test_final_notebook_gathers_every_phase(flux_route):
                  "hybrid-u2xtp2"):
         assert f"| {name} |" in table and "PASSED" in table.split(f"| {name} |")[1].splitlines()[0]
     assert any("hybrid-u2xtp2" in t and "tp-2+vaep" in t for t in _shown(out / "70_final.ipynb", "text/markdown"))
+
+
+def test_inspect_gate_fails_when_a_block_list_has_no_pattern(flux_route, tmp_path):
+    _, out = flux_route
+    anatomy = json.loads((out / "inspect.json").read_text())["anatomy"]
+    anatomy["block_lists"][1].update(pattern=None, pattern_reason="the block returns three tensors")
+    with pytest.raises(notebooks.GateFailed, match="single_transformer_blocks: no cache-dit ForwardPattern fits "
+                                                   r"\(the block returns three tensors\)"):
+        notebooks.finish("inspect", anatomy, tmp_path)
+    assert json.loads((tmp_path / "inspect.json").read_text())["passed"] is False
 
 
 # ------------------------------------------------------------------------------------------ video, failures

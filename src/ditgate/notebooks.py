@@ -17,7 +17,6 @@ results), in order, stopping at the first failure unless asked to go on; `ditgat
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import re
 import sys
@@ -98,8 +97,10 @@ def results_dir(out: str, model: str) -> Path:
     """The folder of the phase results: `out`, or a new one under runs/ named after the model."""
     if out:
         return Path(out)
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(str(model).removeprefix("zoo:")).name).strip("-") or "model"
-    return Path("runs") / f"notebooks-{stem}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    from .runner import default_out
+
+    folder = default_out(model)
+    return folder.with_name(f"notebooks-{folder.name}")
 
 
 def _scaled(row, world_size: int):
@@ -237,19 +238,22 @@ _ROW_KEYS = ("name", "phase", "baseline", "world_size", "status", "modality", "l
              "psnr", "ssim", "max_abs", "reasons")
 
 
-def _inspect_result(anatomy) -> dict[str, Any]:
+def inspect_result(anatomy: dict[str, Any]) -> dict[str, Any]:
+    """The gate check's verdict on an anatomy (`Anatomy.to_dict()`): every block list that ran has a pattern."""
+    lists = anatomy["block_lists"]
     reasons = []
-    if not anatomy.block_lists:
+    if not lists:
         reasons.append("inspect found no block ModuleList directly on a transformer")
-    elif not any(b.called for b in anatomy.block_lists):
+    elif not any(b["called"] for b in lists):
         reasons.append("no block list was called during the observed run")
-    for b in anatomy.block_lists:
-        if b.called and b.pattern is None:
-            reasons.append(f"{b.transformer}.{b.attribute}: no cache-dit ForwardPattern fits ({b.pattern_reason})")
-    return {"model": anatomy.model, "passed": not reasons, "reasons": reasons,
-            "block_lists": [{"list": f"{b.transformer}.{b.attribute}", "length": b.length, "pattern": b.pattern,
-                             "called": b.called} for b in anatomy.block_lists],
-            "has_separate_cfg": anatomy.has_separate_cfg, "warnings": anatomy.warnings, "anatomy": anatomy.to_dict()}
+    for b in lists:
+        if b["called"] and b["pattern"] is None:
+            reasons.append(f"{b['transformer']}.{b['attribute']}: no cache-dit ForwardPattern fits "
+                           f"({b['pattern_reason']})")
+    return {"model": anatomy["model"], "passed": not reasons, "reasons": reasons,
+            "block_lists": [{"list": f"{b['transformer']}.{b['attribute']}", "length": b["length"],
+                             "pattern": b["pattern"], "called": b["called"]} for b in lists],
+            "has_separate_cfg": anatomy["has_separate_cfg"], "warnings": anatomy["warnings"], "anatomy": anatomy}
 
 
 def _run_result(phase: str, data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
@@ -268,7 +272,9 @@ def _run_result(phase: str, data: dict[str, Any], out_dir: Path) -> dict[str, An
 
 def finish(phase: str, data: Any, out_dir: Path) -> dict[str, Any]:
     """Write `<out_dir>/<phase>.json` and raise GateFailed when the phase did not pass; returns the result."""
-    body = _inspect_result(data) if hasattr(data, "block_lists") else _run_result(phase, data, Path(out_dir))
+    if hasattr(data, "block_lists"):  # an Anatomy
+        data = data.to_dict()
+    body = inspect_result(data) if "block_lists" in data else _run_result(phase, data, Path(out_dir))
     result = {"phase": phase, **body}
     path = Path(out_dir) / f"{phase}.json"
     store.write_json(path, result)
@@ -418,7 +424,8 @@ def run_notebooks(notebooks: list[Notebook], out_dir: Path, given: dict[str, str
         if stop:
             outcomes.append(Outcome(nb.stem, "not run", reason="an earlier notebook failed"))
             continue
-        output = out_dir / f"{nb.stem}.ipynb"
+        output, result = out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.phase}.json"
+        result.unlink(missing_ok=True)  # a result left by an earlier run must not stand for this one
         progress(f"{nb.stem}: running with kernel {kernel_name} -> {output}")
         start = time.perf_counter()
         try:
@@ -430,9 +437,8 @@ def run_notebooks(notebooks: list[Notebook], out_dir: Path, given: dict[str, str
             status, reason = ("failed" if ename == GateFailed.__name__ else "error"), f"{ename}: {evalue}"
         except Exception as exc:  # noqa: BLE001 - the kernel died or could not start: recorded, the run goes on
             status, reason = "error", f"{type(exc).__name__}: {exc}"
-        outcome = Outcome(nb.stem, status, round(time.perf_counter() - start, 1), reason, str(output))
-        result = out_dir / f"{nb.phase}.json"
-        outcome.result = str(result) if result.is_file() else None
+        outcome = Outcome(nb.stem, status, round(time.perf_counter() - start, 1), reason, str(output),
+                          str(result) if result.is_file() else None)
         outcomes.append(outcome)
         progress(f"{nb.stem}: {status} in {outcome.seconds:.1f} s")
         stop = status != "passed" and not keep_going
