@@ -97,8 +97,9 @@ def test_good_plugin_is_used(tmp_path):
     report = _run("zoo:flux", "cache,cp-ulysses-2,tp-2", tmp_path / "run", integration=PLUGINS / "flux_good.py")
     by_name = _rows(report)
     assert report["passed"], {n: r["reasons"] for n, r in by_name.items()}
-    # the plugin shards only the 4 feed-forward layers of the 2 double blocks (weight + bias each)
-    assert by_name["tp-2"]["facts"]["sharded"]["transformer"]["sharded"] == 16
+    # the plugin shards only the feed-forward layers of the 2 double blocks: per block, 2 column-wise layers (weight
+    # and bias sharded) and 2 row-wise layers (weight sharded, bias replicated)
+    assert by_name["tp-2"]["facts"]["sharded"]["transformer"]["sharded"] == 2 * (2 * 2 + 2)
 
 
 @pytest.mark.parametrize("plugin, row, words", [

@@ -96,3 +96,29 @@ def test_zoo_cli(run_cli, tmp_path):
     assert code == 0 and (tmp_path / "f" / "model_index.json").is_file()
     code, _, err = run_cli("zoo", "build", "flux", tmp_path / "f")
     assert code == 2 and "not empty" in err
+
+
+def test_incomplete_save_is_refused(tmp_path):
+    folder = tmp_path / "partial"
+    (folder / "text_encoder").mkdir(parents=True)
+    (folder / "text_encoder" / "config.json").write_text("{}")
+    with pytest.raises(ditgate.errors.DitgateError, match="no weights for text_encoder"):
+        zoo._check_complete(folder)
+
+
+def test_zoo_spec_loads_on_every_rank_of_a_fresh_torchrun(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "load.py"
+    script.write_text("import torch.distributed as dist, ditgate\n"
+                      "dist.init_process_group('gloo')\n"
+                      "pipe = ditgate.load('zoo:wan')\n"
+                      "print('rank', dist.get_rank(), 'loaded', type(pipe).__name__)\n"
+                      "dist.destroy_process_group()\n")
+    env = dict(os.environ, DITGATE_HOME=str(tmp_path / "home"))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.count("loaded WanPipeline") == 2

@@ -2,10 +2,15 @@
 
 Every row loads the pipeline afresh from disk: cache-dit's hooks and tensor-parallel weights cannot be taken off
 again reliably, and a fresh load keeps rows independent.
+
+Order of features, as cache-dit wants it: cache, then parallelism, then quantization (one `enable_cache` call),
+then torch.compile of the transformer(s) with cache-dit's recommended compiler settings. The warm-up calls absorb
+compilation; the compiler settings are put back when the row ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import resource
@@ -25,6 +30,9 @@ from .plugin import Integration
 from .probes import Probes, sharded_weights, transformers_of
 from .request import Request
 from .rows import Row
+
+
+MASK_POLICIES = ("slow", "medium", "fast", "ultra")  # cache_dit.steps_mask(mask_policy=...)
 
 
 @dataclass
@@ -53,8 +61,17 @@ def cache_config(row: Row, steps: int | None):
         if mask == "alternate":  # compute the warm-up steps, then every other step, always the last one
             warm = int(fields.get("max_warmup_steps", 2))
             mask = [1 if i < warm or (i - warm) % 2 == 1 or i == steps - 1 else 0 for i in range(steps)]
+        elif mask in MASK_POLICIES:  # cache-dit's predefined schedules (its CLI's --steps-mask --mask-policy)
+            try:
+                mask = list(cache_dit.steps_mask(total_steps=steps, mask_policy=mask))
+            except (AssertionError, ValueError) as exc:
+                raise DitgateError(f"row {row.name!r}: cache-dit has no {mask!r} schedule for {steps} steps: "
+                                   f"{exc}") from None
+            # warm-up would override the schedule's first cached steps: let the schedule decide alone
+            fields.setdefault("max_warmup_steps", mask.index(0) if 0 in mask else steps)
         if not isinstance(mask, list) or len(mask) != steps or set(mask) - {0, 1}:
-            raise DitgateError(f"row {row.name!r}: cache mask must be 'alternate' or {steps} zeros and ones")
+            raise DitgateError(f"row {row.name!r}: cache mask must be 'alternate', one of "
+                               f"{', '.join(MASK_POLICIES)} or {steps} zeros and ones")
         fields.update(steps_computation_mask=mask, steps_computation_policy="static")
     if steps is not None:
         fields.setdefault("num_inference_steps", steps)
@@ -83,6 +100,46 @@ def parallelism_config(row: Row):
         raise DitgateError(f"row {row.name!r}: invalid parallel configuration: {exc}") from None
 
 
+def quantize_config(row: Row):
+    import cache_dit
+
+    try:
+        return cache_dit.QuantizeConfig(**row.quantize)
+    except (TypeError, AssertionError, ValueError, ImportError) as exc:
+        raise DitgateError(f"row {row.name!r}: invalid quantization: {exc}") from None
+
+
+def compile_transformers(pipe, options: dict[str, Any]) -> None:
+    """torch.compile every transformer of `pipe` in place: its repeated blocks (regional, as cache-dit's CLI does by
+    default) when the model names them, else the whole module."""
+    from cache_dit.compile import set_compile_configs
+
+    set_compile_configs()
+    kwargs = {k: v for k, v in options.items() if k != "regional"}
+    for module in transformers_of(pipe).values():
+        if options.get("regional", True) and getattr(module, "_repeated_blocks", None):
+            module.compile_repeated_blocks(**kwargs)
+        else:
+            module.compile(**kwargs)
+
+
+@contextlib.contextmanager
+def _compiler_settings(active: bool):
+    """Put torch's dynamo and inductor settings back after a compiled row (cache-dit's helper changes them)."""
+    if not active:
+        yield
+        return
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    saved = (dynamo_config.save_config(), inductor_config.save_config())
+    try:
+        yield
+    finally:
+        dynamo_config.load_config(saved[0])
+        inductor_config.load_config(saved[1])
+
+
 def apply(row: Row, pipe, integration: Integration | None, request: Request):
     """Apply the row's features to `pipe` in place; returns the object cache-dit was given (for summary/disable)."""
     import cache_dit
@@ -91,14 +148,18 @@ def apply(row: Row, pipe, integration: Integration | None, request: Request):
         # VAE parallelism decodes tiles on several ranks and calls enable_tiling() itself, which keeps tile sizes
         # set here: the tiled baseline and the VAE-parallel row then cut the same tiles.
         pipe.vae.enable_tiling(**request.vae_tiling)
-    if not row.cache and not row.parallel:
-        return None
-    target = pipe
-    if integration is not None and integration.block_adapter is not None:
-        target = integration.block_adapter(pipe)
-    cc, calibrator = cache_config(row, request.steps) if row.cache else (None, None)
-    pc = parallelism_config(row) if row.parallel else None
-    cache_dit.enable_cache(target, cache_config=cc, calibrator_config=calibrator, parallelism_config=pc)
+    target = None
+    if row.cache or row.parallel or row.quantize:
+        target = pipe
+        if integration is not None and integration.block_adapter is not None:
+            target = integration.block_adapter(pipe)
+        cc, calibrator = cache_config(row, request.steps) if row.cache else (None, None)
+        pc = parallelism_config(row) if row.parallel else None
+        qc = quantize_config(row) if row.quantize else None
+        cache_dit.enable_cache(target, cache_config=cc, calibrator_config=calibrator, parallelism_config=pc,
+                               quantize_config=qc)
+    if row.compile:
+        compile_transformers(pipe, row.compile_options)
     return target
 
 
@@ -138,7 +199,9 @@ def generate(pipe, request: Request, probes: Probes):
     if "output_type" in params:
         kwargs["output_type"] = "np"
     generator = torch.Generator("cpu").manual_seed(request.seed)
-    with torch.inference_mode():
+    # no_grad, not inference_mode: under inference_mode DTensor (TP) resolves aten.linear's sharding through its
+    # uncached decomposition path on every call, 7x slower on zoo:flux tp-2 (see references/tp.md)
+    with torch.no_grad():
         return pipe(**kwargs, generator=generator)
 
 
@@ -146,8 +209,15 @@ def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float
             integration: Integration | None = None, warmup: int = 0, repeats: int = 1, local_rank: int = 0,
             pipeline: str | None = None, trust_remote_code: bool = False, on_stage=None) -> Outcome:
     """Load the model, apply `row`, generate `warmup + repeats` times; the last call's outputs are kept."""
-    stage = on_stage or (lambda name: None)
-    device = _device_for_rank(device, local_rank)
+    with _compiler_settings(bool(row.compile)):
+        return _run_row(row, model_path, request, dtype=dtype, device=_device_for_rank(device, local_rank),
+                        integration=integration, warmup=warmup, repeats=repeats, pipeline=pipeline,
+                        trust_remote_code=trust_remote_code, stage=on_stage or (lambda name: None))
+
+
+def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device: str,
+             integration: Integration | None, warmup: int, repeats: int, pipeline: str | None,
+             trust_remote_code: bool, stage) -> Outcome:
     stage("load")
     pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
     if integration is not None:
@@ -157,10 +227,10 @@ def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float
     try:
         stage("apply")
         target = apply(row, pipe, integration, request)
+        probes.attach(pipe)
         for i in range(warmup + repeats):
-            stage("generate")
-            probes.detach()
-            probes = Probes().attach(pipe)
+            stage("compile" if row.compile and i == 0 else "generate")
+            probes.reset()
             if device.startswith("cuda"):
                 torch.cuda.synchronize(device)
                 if i == warmup:
@@ -171,7 +241,6 @@ def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float
                 torch.cuda.synchronize(device)
             if i >= warmup:
                 times.append(time.perf_counter() - start)
-        probes.detach()
         output, modality = _decoded(out)
         facts = probes.facts(request.steps)
         facts["cache"] = _cache_stats(target) if row.cache else None
@@ -187,8 +256,13 @@ def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float
 
             cache_dit.disable_cache(target)  # cache-dit patches the pipeline class; take that back off
         snapshot.restore()  # and patches classes for parallelism: take those off too (see ditgate.isolation)
-        del pipe
+        # Drop every reference before collecting: pipelines hold reference cycles, and a collection made while
+        # `target` still points at the pipeline keeps a whole model alive into the next row (measured on an H200:
+        # 26 GB of FLUX.1-dev weights still allocated while the next row loaded its own).
+        pipe = target = None
         gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()  # the next row's peak memory starts from its own weights
 
 
 def _components(pipe) -> dict[str, torch.nn.Module]:

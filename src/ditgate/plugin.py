@@ -12,11 +12,16 @@
         and returns the layer plans it applied, as cache-dit's TensorParallelismPlanner._apply does.
 
 `cp_plan` and `tp_plan` are registered as cache-dit planners for the transformer's class, ahead of any planner
-cache-dit already has for it; the code moves into cache-dit unchanged as a planner's `_apply`.
+cache-dit already has for it; the code moves into cache-dit unchanged as a planner's `_apply`. Planners for a text
+encoder or a VAE are registered by the file itself, at import, with cache-dit's register decorators
+(`TextEncoderTensorParallelismPlannerRegister.register(...)`, `AutoEncoderDataParallelismPlannerRegister.register(...)`):
+every cache-dit registry is filled with cache-dit's own planners before the file runs, because cache-dit fills a
+registry lazily only while it is empty and a registration made first would hide all of its own planners.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -78,23 +83,48 @@ def _put_first(register: type, attribute: str, names: list[str], planner: type) 
     old.update(new)  # same dict object: cache-dit's code holds no other reference, but keep it anyway
 
 
+def activate_cache_dit_planners() -> None:
+    """Fill every cache-dit planner registry with its own planners (once; idempotent)."""
+    from cache_dit.distributed.autoencoders.dispatch import _ensure_auto_encoder_dp_planners_activated
+    from cache_dit.distributed.text_encoders.dispatch import _ensure_text_encoder_tp_planners_activated
+    from cache_dit.distributed.transformers.dispatch import (_ensure_cp_planners_activated,
+                                                             _ensure_tp_planners_activated)
+
+    _ensure_cp_planners_activated()
+    _ensure_tp_planners_activated()
+    _ensure_text_encoder_tp_planners_activated()
+    _ensure_auto_encoder_dp_planners_activated()
+
+
 def load(path: str | Path | None) -> Integration | None:
+    """Import the integration file once per process (a second import would register its planners twice)."""
     if path is None:
         return None
     path = Path(path).resolve()
     if not path.is_file():
         raise PluginError(f"integration file {path} does not exist")
-    spec = importlib.util.spec_from_file_location(f"ditgate_integration_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise PluginError(f"importing integration file {path} failed: {exc!r}") from exc
-    hooks: dict[str, Any] = {name: getattr(module, name, None) for name in HOOKS}
-    for name, value in hooks.items():
+    name = f"ditgate_integration_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    module = sys.modules.get(name)
+    if module is None or getattr(module, "_ditgate_mtime", None) != path.stat().st_mtime_ns:
+        module = _import(path, name)
+    hooks: dict[str, Any] = {hook: getattr(module, hook, None) for hook in HOOKS}
+    for hook, value in hooks.items():
         if value is not None and not callable(value):
-            raise PluginError(f"{path}: {name} must be a function")
+            raise PluginError(f"{path}: {hook} must be a function")
     if not any(hooks.values()):
         raise PluginError(f"{path} defines none of {', '.join(HOOKS)}")
     return Integration(path=path, **hooks)
+
+
+def _import(path: Path, name: str):
+    activate_cache_dit_planners()
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise PluginError(f"importing integration file {path} failed: {exc!r}") from exc
+    module._ditgate_mtime = path.stat().st_mtime_ns
+    return module

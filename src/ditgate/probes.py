@@ -3,10 +3,16 @@
 They prove that a feature acted: how often the last block of each block list ran (cache skips blocks), the
 number of tokens leaving the first block (context parallelism divides it), how many transformer calls a step
 makes, how often the VAE decoder ran (VAE parallelism splits tiles), the initial noise and the final latents.
+They also time the transformer calls (CUDA events on a GPU, so nothing waits for the device), which tells how much
+of a pipeline call a transformer speedup can act on.
+
+Every hook runs outside torch.compile (`torch.compiler.disable`): a compiled block calls it eagerly, and attaching
+the probes once per row keeps the compiled code's guards stable from call to call (`reset` clears the counts).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,10 +54,20 @@ class Probes:
     noise: torch.Tensor | None = None
     latents: torch.Tensor | None = None
     _handles: list = field(default_factory=list)
+    _spans: list = field(default_factory=list)  # (start, end) of each transformer call: perf_counter or CUDA events
+
+    def reset(self) -> None:
+        """Forget what the previous call recorded; the hooks stay attached."""
+        self.last_block_calls = {k: 0 for k in self.last_block_calls}
+        self.block_seq_len.clear()
+        self.transformer_calls = self.decoder_calls = 0
+        self.noise = self.latents = None
+        self._spans.clear()
 
     def attach(self, pipe) -> "Probes":
         for tname, transformer in transformers_of(pipe).items():
             self._handles.append(transformer.register_forward_pre_hook(self._on_transformer, with_kwargs=True))
+            self._handles.append(transformer.register_forward_hook(self._after_transformer))
             for lname, blocks in block_lists(transformer).items():
                 key = f"{tname}.{lname}"
                 self.last_block_calls[key] = 0
@@ -67,14 +83,21 @@ class Probes:
             handle.remove()
         self._handles.clear()
 
+    @torch.compiler.disable
     def _on_transformer(self, module, args, kwargs):
         self.transformer_calls += 1
-        if self.noise is None:
-            first = _first_tensor(args, kwargs)
-            if first is not None:
-                self.noise = first.detach().float().cpu().clone()
+        first = _first_tensor(args, kwargs)
+        if self.noise is None and first is not None:
+            self.noise = first.detach().float().cpu().clone()
+        self._spans.append([_now(first), None])
+
+    @torch.compiler.disable
+    def _after_transformer(self, module, args, output):
+        if self._spans and self._spans[-1][1] is None:
+            self._spans[-1][1] = _now(self._spans[-1][0])
 
     def _counter(self, key):
+        @torch.compiler.disable
         def hook(module, args, output):
             self.last_block_calls[key] += 1
         return hook
@@ -82,6 +105,7 @@ class Probes:
     def _seq_len(self, key):
         # Tokens leaving the first block: a context-parallel plan may split at the transformer's entry or at the
         # first block itself (a hook inside its forward), so the block's output is where a split is always visible.
+        @torch.compiler.disable
         def hook(module, args, output):
             outputs = output if isinstance(output, (tuple, list)) else (output,)
             tokens = sum(int(t.shape[1]) for t in outputs if isinstance(t, torch.Tensor) and t.dim() == 3)
@@ -89,8 +113,18 @@ class Probes:
                 self.block_seq_len[key] = tokens
         return hook
 
+    @torch.compiler.disable
     def _on_decoder(self, module, args, output):
         self.decoder_calls += 1
+
+    def transformer_time(self) -> float | None:
+        """Seconds spent in transformer calls (call after the device finished: run_row synchronizes first)."""
+        spans = [(start, end) for start, end in self._spans if end is not None]
+        if not spans:
+            return None
+        if isinstance(spans[0][0], float):
+            return sum(end - start for start, end in spans)
+        return sum(start.elapsed_time(end) for start, end in spans) / 1000.0
 
     def step_callback(self, pipe, step: int, timestep, callback_kwargs: dict[str, Any]):
         """For `callback_on_step_end`: keeps the latents after the last step."""
@@ -106,7 +140,17 @@ class Probes:
             "transformer_calls": self.transformer_calls,
             "calls_per_step": (self.transformer_calls / steps) if steps else None,
             "decoder_calls": self.decoder_calls,
+            "transformer_time_s": self.transformer_time(),
         }
+
+
+def _now(like):
+    """A timestamp on the clock of `like`'s device: a recorded CUDA event, else perf_counter()."""
+    if isinstance(like, torch.cuda.Event) or (isinstance(like, torch.Tensor) and like.is_cuda):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
 
 
 def sharded_weights(module: torch.nn.Module) -> dict[str, Any]:

@@ -27,8 +27,11 @@ def _status(state) -> str:
     return "passed" if state.passed else "failed"
 
 
-def _row_record(state, baseline_latency: float | None) -> dict[str, Any]:
+def _row_record(state, base, profile) -> dict[str, Any]:
+    from . import perf
+
     result = state.result or {}
+    baseline_latency = (base.result or {}).get("latency_s") if base else None
     latency = result.get("latency_s")
     metrics = (state.verdict or {}).get("metrics", {})
     return {
@@ -37,11 +40,14 @@ def _row_record(state, baseline_latency: float | None) -> dict[str, Any]:
         "baseline": state.row.baseline,
         "description": state.row.description,
         "world_size": state.row.world_size,
-        "config": {"cache": state.row.cache, "parallel": state.row.parallel, "vae_tiling": state.row.vae_tiling},
+        "config": {"cache": state.row.cache, "parallel": state.row.parallel, "vae_tiling": state.row.vae_tiling,
+                   "compile": state.row.compile, "quantize": state.row.quantize},
         "status": _status(state),
         "modality": result.get("modality"),
         "latency_s": latency,
+        "times": result.get("times"),
         "speedup": (baseline_latency / latency) if latency and baseline_latency else None,
+        "prediction": perf.predict(state.row, result, base.result if base else None, profile),
         "peak_memory_bytes": (result.get("peak_memory") or {}).get("bytes"),
         "peak_memory_kind": (result.get("peak_memory") or {}).get("kind"),
         "metrics": metrics,
@@ -54,10 +60,13 @@ def _row_record(state, baseline_latency: float | None) -> dict[str, Any]:
     }
 
 
-def build(run_dir: Path, cfg, states: list, wall_s: float | None = None) -> dict[str, Any]:
+def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
+          profile_note: str | None = None) -> dict[str, Any]:
+    """The report of `states`; `profile` (ditgate.flops.Profile) adds speedup predictions."""
+    from . import perf
+
     base = next((s for s in states if s.row.name == "baseline"), None)
-    base_latency = (base.result or {}).get("latency_s") if base else None
-    rows = [_row_record(s, base_latency) for s in states]
+    rows = [_row_record(s, base, profile) for s in states]
     run_info = json.loads((run_dir / "run.json").read_text())
     return {
         "ditgate": __version__,
@@ -70,6 +79,8 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None) -> dict
         "versions": run_info["versions"],
         "passed": all(r["status"] in ("passed", "reference") for r in rows),
         "wall_s": wall_s,
+        "flops": perf.flops_summary(profile),
+        "prediction_note": profile_note,
         "rows": rows,
     }
 
@@ -103,17 +114,21 @@ def markdown(report: dict[str, Any]) -> str:
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         f"- wall time {_fmt(report.get('wall_s'), '.1f')} s",
         "",
-        "| row | phase | ranks | latency (s) | speedup | PSNR (dB) | SSIM | worst tile SSIM | max-abs (latents) | peak memory (MiB) | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | phase | ranks | latency (s) | speedup | predicted | PSNR (dB) | SSIM | worst tile SSIM | "
+        "max-abs (latents) | peak memory (MiB) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         m = r["metrics"] or {}
         psnr = m.get("psnr", m.get("psnr_frame_min"))
         ssim = m.get("ssim", m.get("ssim_frame_min"))
         mem = r["peak_memory_bytes"] / 2**20 if r["peak_memory_bytes"] else None
+        prediction = r.get("prediction") or {}
+        far = " (far below)" if prediction.get("far_below") else ""
         lines.append(
             f"| {r['name']} | {r['phase'] or 'reference'} | {r['world_size']} | {_fmt(r['latency_s'], '.3f')} | "
-            f"{_fmt(r['speedup'], '.2f')} | {_fmt(psnr, '.2f')} | {_fmt(ssim, '.4f')} | "
+            f"{_fmt(r['speedup'], '.2f')}{far} | {_fmt(prediction.get('predicted'), '.2f')} | {_fmt(psnr, '.2f')} | "
+            f"{_fmt(ssim, '.4f')} | "
             f"{_fmt(m.get('worst_tile_ssim'), '.4f')} | {_fmt(m.get('max_abs'), '.2e')} | {_fmt(mem, '.0f')} | "
             f"{r['status'].upper()} |")
     failures = [r for r in report["rows"] if r["reasons"]]
@@ -125,6 +140,18 @@ def markdown(report: dict[str, Any]) -> str:
     if proofs:
         lines += ["", "## What each feature did", ""]
         lines += [f"- {name} / {p['feature']}: {'ok' if p['passed'] else 'FAILED'} — {p['detail']}" for name, p in proofs]
+    slow = [r for r in report["rows"] if (r.get("prediction") or {}).get("far_below")]
+    if slow:
+        from .perf import FAR_BELOW
+
+        lines += ["", f"## Speedups far below the prediction (under {FAR_BELOW:g} of it)", ""]
+        lines += [f"- {r['name']}: {r['speedup']:.2f}x measured, {r['prediction']['predicted']:.2f}x predicted"
+                  for r in slow]
+    if any(r.get("prediction") for r in report["rows"]):
+        lines += ["", "Predicted: the best speedup the FLOPs allow, given the transformer's share of the baseline's "
+                      "time (`ditgate flops` explains the count); communication is free in it."]
+    elif report.get("prediction_note"):
+        lines += ["", f"No speedup predictions: {report['prediction_note']}."]
     mem_kinds = {r["peak_memory_kind"] for r in report["rows"] if r["peak_memory_kind"]}
     if "cpu-process-peak-rss" in mem_kinds:
         lines += ["", "Peak memory on CPU is the peak resident set of the process that ran the row."]
@@ -183,8 +210,9 @@ def grid(run_dir: Path, report: dict[str, Any]) -> Path | None:
     return path
 
 
-def write(run_dir: Path, cfg, states: list, wall_s: float | None = None) -> dict[str, Any]:
-    report = build(run_dir, cfg, states, wall_s)
+def write(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
+          profile_note: str | None = None) -> dict[str, Any]:
+    report = build(run_dir, cfg, states, wall_s, profile, profile_note)
     picture = grid(run_dir, report)
     report["grid"] = str(picture.name) if picture else None
     validate(report)

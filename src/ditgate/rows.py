@@ -1,7 +1,8 @@
 """Rows of the phase runner: what each run applies and which earlier row it is compared with.
 
 A row is a name, the integration phase it checks (whose gate applies), a cache-dit cache configuration, a
-parallelism configuration, and the name of its baseline row. The world size follows from the parallel sizes.
+parallelism configuration, optionally torch.compile and a cache-dit quantization configuration, and the name of its
+baseline row. The world size follows from the parallel sizes.
 Rows come from `DEFAULT_ROWS` or from a YAML file (a list of mappings with the fields of `Row`).
 """
 
@@ -16,11 +17,13 @@ from typing import Any
 
 from .errors import DitgateError
 
-PHASES = ("cache", "cp", "tp", "tep", "vaep", "hybrid", "quantization")
+PHASES = ("cache", "cp", "tp", "tep", "vaep", "hybrid", "quantization", "compile")
 # Parallel fields that are ditgate's own shorthand; every other key goes to cache_dit.ParallelismConfig as is.
 _SHORTHAND = {"text_encoder", "vae"}
 # ditgate's own cache fields; every other key goes to cache_dit.DBCacheConfig as is.
 _CACHE_EXTRAS = {"mask", "taylorseer"}
+# torch.compile options a row may set; "regional" (default True) compiles each repeated block, as cache-dit's CLI does.
+COMPILE_OPTIONS = {"regional", "mode", "backend", "fullgraph", "dynamic"}
 
 
 class RowError(DitgateError):
@@ -36,6 +39,8 @@ class Row:
     parallel: dict[str, Any] | None = None  # ulysses_size, ring_size, tp_size, text_encoder, vae, other ParallelismConfig fields
     vae_tiling: bool = False  # decode with vae.enable_tiling() (the reference of VAE-P)
     description: str = ""
+    compile: bool | dict[str, Any] = False  # torch.compile the transformer(s): True, or options (COMPILE_OPTIONS)
+    quantize: dict[str, Any] | None = None  # cache_dit.QuantizeConfig fields, e.g. {"quant_type": "float8_per_row"}
 
     @property
     def world_size(self) -> int:
@@ -52,9 +57,20 @@ class Row:
     def tp_size(self) -> int:
         return (self.parallel or {}).get("tp_size") or 1
 
+    @property
+    def compile_options(self) -> dict[str, Any] | None:
+        """torch.compile options of this row, or None when it does not compile."""
+        if not self.compile:
+            return None
+        return {"regional": True} | (self.compile if isinstance(self.compile, dict) else {})
+
     def fingerprint(self) -> str:
         """Changes whenever anything that affects this row's output changes (used by --resume)."""
-        blob = json.dumps(dataclasses.asdict(self) | {"description": ""}, sort_keys=True, default=str)
+        fields = dataclasses.asdict(self) | {"description": ""}
+        for key in ("compile", "quantize"):  # rows without them keep the fingerprint they had before these existed
+            if not fields[key]:
+                del fields[key]
+        blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,6 +115,15 @@ def _check(row: Row) -> Row:
         value = (row.parallel or {}).get(key)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise RowError(f"row {row.name!r}: parallel.{key} must be a positive integer, got {value!r}")
+    if not isinstance(row.compile, (bool, dict)):
+        raise RowError(f"row {row.name!r}: compile must be true, false or a mapping of options, got {row.compile!r}")
+    unknown = set(row.compile) - COMPILE_OPTIONS if isinstance(row.compile, dict) else set()
+    if unknown:
+        raise RowError(f"row {row.name!r}: unknown compile option(s) {', '.join(sorted(unknown))}; "
+                       f"known: {', '.join(sorted(COMPILE_OPTIONS))}")
+    quantize = row.quantize
+    if quantize is not None and not (isinstance(quantize, dict) and isinstance(quantize.get("quant_type"), str)):
+        raise RowError(f"row {row.name!r}: quantize must be a mapping with a quant_type, got {quantize!r}")
     return row
 
 

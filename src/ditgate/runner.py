@@ -34,6 +34,10 @@ HINTS = {
     "tep": "check that cache-dit has a text-encoder TP planner for this encoder class (`ditgate inspect MODEL`)",
     "vaep": "check that cache-dit has a VAE planner for this exact VAE class and that the VAE supports tiling",
     "hybrid": "make CP and TP pass on their own first; hybrid needs at least 4 ranks",
+    "compile": "look for graph breaks and recompiles (TORCH_LOGS=graph_breaks,recompiles); a row with compile "
+               "options {regional: false} or {backend: aot_eager} tells the model's code from inductor's",
+    "quantization": "check which layers cache-dit quantized (QuantizeConfig verbose=True) and exclude sensitive "
+                    "ones (exclude_layers)",
 }
 
 
@@ -125,28 +129,18 @@ def _done(run_dir: Path, row: Row, resume: bool) -> dict[str, Any] | None:
 
 
 def preflight(cfg: RunConfig, model_path: Path, row: Row) -> str | None:
-    """Why `row` cannot run here, said before loading any weights; None when it can."""
-    if cfg.device.startswith("cuda"):
-        import torch
+    """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.preflight)."""
+    from . import preflight as checks
 
-        have = torch.cuda.device_count()
-        if row.world_size > have:
-            return f"needs {row.world_size} GPUs, this machine has {have}"
-    if row.tp_size > 1:
-        config_file = model_path / "transformer" / "config.json"
-        if config_file.is_file():
-            heads = json.loads(config_file.read_text()).get("num_attention_heads")
-            if isinstance(heads, int) and heads % row.tp_size:
-                return (f"the transformer has {heads} attention heads, which {row.tp_size} tensor-parallel ranks "
-                        "do not divide")
-    return None
+    return checks.why_not(row, model_path=model_path, request=cfg.request, device=cfg.device)
 
 
 class Runner:
-    def __init__(self, cfg: RunConfig, progress: Callable[[str], None] | None = None):
+    def __init__(self, cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None):
         from .loader import resolve
 
         self.cfg = cfg
+        self.profile = profile  # ditgate.flops.Profile at the request's size; counted when the report needs it
         self.model_path = resolve(cfg.model)
         self.run_dir = _prepare_folder(cfg, self.model_path)
         self.states = {row.name: RowState(row) for row in cfg.rows}
@@ -260,8 +254,15 @@ class Runner:
 
         for state in self.states.values():
             self._judge(state)
+        note = None
+        if self.profile is None and any(s.ran and (s.row.cache or s.row.world_size > 1)
+                                        for s in self.states.values()):
+            from .perf import profile_for
+
+            self.profile, note = profile_for(self.model_path, self.cfg.request, self.cfg.dtype)
         return report.write(self.run_dir, self.cfg, list(self.states.values()),
-                            wall_s=round(time.perf_counter() - self._start, 2))
+                            wall_s=round(time.perf_counter() - self._start, 2), profile=self.profile,
+                            profile_note=note)
 
     def _judge(self, state: RowState) -> None:
         from . import proofs
@@ -292,6 +293,8 @@ class Runner:
                 state.reasons.append(f"{proof.feature} did not act: {proof.detail}")
 
 
-def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every row of `cfg` and write the report; returns the report (see ditgate.report)."""
-    return Runner(cfg, progress).run()
+def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None) -> dict[str, Any]:
+    """Run every row of `cfg` and write the report; returns the report (see ditgate.report).
+
+    `profile`: the FLOP profile at the request's size when the caller has one (else counted when needed)."""
+    return Runner(cfg, progress, profile).run()

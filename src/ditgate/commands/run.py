@@ -9,9 +9,11 @@ from pathlib import Path
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments shared by commands that load and run a model."""
-    parser.add_argument("model", help="model folder (with model_index.json) or zoo:NAME")
+def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = False, dtype: str = "float32") -> None:
+    """Arguments shared by commands that load and run a model (the model as `--model` when `model_option`);
+    `dtype` is the --dtype default."""
+    parser.add_argument(*(["--model"] if model_option else ["model"]), help="model folder (with model_index.json) "
+                        "or zoo:NAME")
     parser.add_argument("--pipeline", metavar="MODULE:CLASS", help="pipeline class, for models outside diffusers")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped in the model folder")
     parser.add_argument("--height", type=int, help="image/video height (default: the zoo's or the pipeline's)")
@@ -20,7 +22,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="denoising steps")
     parser.add_argument("--prompt", help="prompt (default: the zoo's, or a fixed test prompt)")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16/bf16 or float16/fp16")
+    parser.add_argument("--dtype", default=dtype, help=f"float32, bfloat16/bf16 or float16/fp16 (default {dtype})")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda when available)")
 
 

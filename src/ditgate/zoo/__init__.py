@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -95,6 +96,7 @@ def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.building.", dir=parent))
     try:
         model.build(seed).save_pretrained(staging, safe_serialization=True)
+        _check_complete(staging)
         meta = {"zoo": model.name, "seed": seed, "modality": model.modality, "call": model.call,
                 "vae_tiling": model.vae_tiling, "format": ZOO_FORMAT}
         (staging / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -102,6 +104,23 @@ def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return staging
+
+
+def _check_complete(folder: Path) -> None:
+    """Every saved model component holds weights (transformers writes none on a rank other than 0)."""
+    empty = [d.name for d in folder.iterdir()
+             if d.is_dir() and (d / "config.json").is_file()
+             and not any(d.glob("*.safetensors")) and not any(d.glob("*.bin"))]
+    if empty:
+        raise DitgateError(f"saving wrote no weights for {', '.join(sorted(empty))}: with torch.distributed "
+                           "initialised, transformers saves only on rank 0; build zoo models before the process group "
+                           "starts (ditgate run does), or on rank 0 only")
+
+
+def _distributed_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def build(name: str, directory: str | os.PathLike, seed: int = 0, overwrite: bool = False) -> Path:
@@ -127,6 +146,13 @@ def materialize(spec: str, seed: int = 0) -> Path:
     model = get(spec)
     target = cache_root() / f"{model.name}-{_fingerprint(model, seed)}"
     if (target / "model_index.json").is_file():
+        return target
+    if _distributed_rank() != 0:  # rank 0 builds; the others wait for its folder
+        deadline = time.monotonic() + 600
+        while not (target / "model_index.json").is_file():
+            if time.monotonic() > deadline:
+                raise DitgateError(f"rank {_distributed_rank()} waited 600 s for rank 0 to build {target}")
+            time.sleep(0.5)
         return target
     staging = _stage(model, seed, target.parent)
     try:
