@@ -56,7 +56,8 @@ INTRO = {
                "ForwardPattern, transformer calls per step, attention, sequence and divisibility, and what cache-dit "
                "already registers. Writes the draft plan to `<out>/plan.md`. Fails when a called block list matches "
                "no ForwardPattern. Read `SKILL.md` (gate check).",
-    "baseline": "Runs the single-process reference that every phase is compared with. Fails when it does not run.",
+    "baseline": "Runs the single-process reference that every phase is compared with. Fails when it does not run or "
+                "its output holds NaN or Inf.",
     "cache": "Runs the `cache` row (DBCache, static schedule) against the baseline. Read `references/cache.md`.",
     "cp": "Runs Ulysses and ring context parallelism, and the cache enabled before Ulysses, each against its "
           "baseline. Read `references/cp.md`.",

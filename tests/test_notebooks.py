@@ -160,6 +160,21 @@ def test_gates_parameter_judges_with_another_table(tmp_path):
     assert not (tmp_path / "again").exists()
 
 
+def test_a_reference_output_with_nan_fails_the_phase(tmp_path):
+    import numpy as np
+
+    from ditgate import store
+
+    run_dir = tmp_path / "baseline"
+    store.write_array(store.row_dir(run_dir, "baseline") / "output.npy", np.array([[[0.5, np.nan, 0.2]]], np.float32))
+    report = {"model": "zoo:flux", "passed": True, "run_dir": str(run_dir),
+              "rows": [{"name": "baseline", "phase": None, "status": "reference", "reasons": []}]}
+    with pytest.raises(notebooks.GateFailed, match="baseline: the reference output contains NaN or Inf"):
+        notebooks.finish("baseline", report, tmp_path)
+    store.write_array(store.row_dir(run_dir, "baseline") / "output.npy", np.full((1, 1, 3), 0.5, np.float32))
+    assert notebooks.finish("baseline", report, tmp_path)["passed"]
+
+
 def test_cli_refuses_bad_requests_before_starting_a_kernel(run_cli, tmp_path):
     code, _, err = run_cli("notebook", "run", "cp", "--model", "zoo:flux", "--out", tmp_path, "-p", "colour", "red")
     assert code == 2 and "colour" in err

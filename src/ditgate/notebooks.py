@@ -256,10 +256,19 @@ def inspect_result(anatomy: dict[str, Any]) -> dict[str, Any]:
             "has_separate_cfg": anatomy["has_separate_cfg"], "warnings": anatomy["warnings"], "anatomy": anatomy}
 
 
+def _not_finite(run_dir: Path, name: str) -> bool:
+    import numpy as np
+
+    output = store.load_array(run_dir, name, "output")
+    return output is not None and not np.isfinite(output).all()
+
+
 def _run_result(phase: str, data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     rows = [{k: r.get(k) for k in _ROW_KEYS if k in r} for r in data["rows"]]
     reasons = [f"{r['name']}: {'; '.join(r['reasons']) or r['status']}" for r in rows
                if r["status"] not in ("passed", "reference", "refused")]
+    reasons += [f"{r['name']}: the reference output contains NaN or Inf" for r in rows
+                if r["status"] == "reference" and _not_finite(Path(data["run_dir"]), r["name"])]
     result = {"model": data["model"], "passed": bool(data["passed"]) and not reasons, "reasons": reasons,
               "run_dir": data["run_dir"], "gates": data.get("gates"), "rows": rows}
     if phase == "final":
