@@ -242,12 +242,13 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
             if i >= warmup:
                 times.append(time.perf_counter() - start)
         output, modality = _decoded(out)
+        noise = initial_noise(probes.noise, probes.latents)
         facts = probes.facts(request.steps)
         facts["cache"] = _cache_stats(target) if row.cache else None
         facts["sharded"] = {name: sharded_weights(m) for name, m in _components(pipe).items()} if row.parallel else {}
         return Outcome(output=output, modality=modality,
                        latents=None if probes.latents is None else probes.latents.numpy(),
-                       noise=None if probes.noise is None else probes.noise.numpy(),
+                       noise=None if noise is None else noise.numpy(),
                        times=times, peak_memory=_peak_memory(device), facts=facts)
     finally:
         probes.detach()
@@ -267,6 +268,21 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
 
 def _components(pipe) -> dict[str, torch.nn.Module]:
     return {k: v for k, v in getattr(pipe, "components", {}).items() if isinstance(v, torch.nn.Module)}
+
+
+def initial_noise(noise: torch.Tensor | None, latents: torch.Tensor | None) -> torch.Tensor | None:
+    """The noise the first step started from (the transformer's first input), shaped like the final latents.
+
+    A pipeline with batched classifier-free guidance feeds the transformer `cat([latents] * k)`: one copy is kept.
+    """
+    if noise is None or latents is None or noise.shape == latents.shape or noise.dim() == 0:
+        return noise
+    batch = latents.shape[0]
+    if noise.shape[1:] == latents.shape[1:] and noise.shape[0] % batch == 0:
+        copies = noise.split(batch)
+        if all(torch.equal(copies[0], c) for c in copies[1:]):
+            return copies[0]
+    return noise
 
 
 def _cache_stats(target) -> list[dict[str, Any]]:

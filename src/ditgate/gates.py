@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GateConfigError, GateInputError, NonFiniteError
+from .paths import checklists_dir
 
 MODALITIES = ("image", "video", "audio", "latent")
 METRICS = {  # what `compare` returns per modality
@@ -36,8 +37,8 @@ METRICS = {  # what `compare` returns per modality
 }
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
-DEFAULT_GATES = Path(__file__).resolve().parents[2] / "checklists" / "gates.json"
-SCHEMA = DEFAULT_GATES.with_name("gates.schema.json")
+DEFAULT_GATES = checklists_dir() / "gates.json"
+SCHEMA = checklists_dir() / "gates.schema.json"
 
 _DTYPE_ALIASES = {
     "float32": "float32", "fp32": "float32", "float": "float32", "torch.float32": "float32",

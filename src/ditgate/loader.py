@@ -2,7 +2,9 @@
 
 The pipeline class comes from, in order: an explicit `pipeline="module:Class"`; the `_class_name` that
 `model_index.json` names (a diffusers class, or a `[module, Class]` pair from an importable third-party package).
-Code shipped inside the model folder runs only with `trust_remote_code=True`.
+Code shipped inside the model folder runs only with `trust_remote_code=True`. A package that `model_index.json`
+names and that ships in the repository's `examples/` folder (zoo:tinymm's `tinymm`) is put on `sys.path` first
+(`ditgate.examples`); that is ditgate's own code, not code from the model folder.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import zoo
+from .examples import ensure_packages
 from .errors import ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
 
 _BUILTIN_LIBRARIES = {None, "diffusers", "transformers"}
@@ -148,6 +151,7 @@ def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = 
     """
     path = resolve(model)
     index = read_index(path)
+    ensure_packages(index)  # zoo:tinymm's package lives in the repository's examples/ folder
     remote = _remote_files(path, index)
     if remote and not trust_remote_code:
         raise RemoteCodeError(f"loading {path} would run code from the model folder ({', '.join(map(str, remote))});"

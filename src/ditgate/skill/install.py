@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import DitgateError
+from ..paths import repo_root
 from .base import INSTALLED_PARTS, SKILL_FILE
 from .markdown import split_frontmatter
 from .spec import NAME_PATTERN
@@ -44,7 +45,10 @@ class InstallResult:
 
 def default_source() -> Path:
     """The repository this package runs from, when it holds the skill; else the current folder."""
-    repo = Path(__file__).resolve().parents[3]
+    try:
+        repo = repo_root()
+    except FileNotFoundError:
+        return Path.cwd()
     return repo if (repo / SKILL_FILE).is_file() else Path.cwd()
 
 

@@ -57,6 +57,13 @@ ZOO: dict[str, ZooModel] = {
                  builders.build_qwen_image,
                  {"prompt": "a tiny red cube on a table", "negative_prompt": "blurry", "height": 128, "width": 128,
                   "num_inference_steps": 8, "true_cfg_scale": 2.0, "max_sequence_length": 64}),
+        # Not from diffusers: the code is the `tinymm` package in the repository's examples/ (ditgate.examples).
+        ZooModel("tinymm", "TinyMMPipeline", "image",
+                 "not in diffusers (examples/tinymm): 4 joint blocks, 4 query / 2 KV heads, 2-D RoPE, text padding "
+                 "mask; T5; 64x64 -> 256 image + 48 text tokens",
+                 builders.build_tinymm,
+                 {"prompt": "a tiny red cube on a table", "height": 64, "width": 64, "num_inference_steps": 8,
+                  "guidance_scale": 4.0, "max_sequence_length": 48}),
     ]
 }
 

@@ -2,7 +2,8 @@
 
 Every weight comes from `torch.manual_seed`, every module is put in eval mode (T5's dropout would otherwise make two
 identical calls differ), and every width divides by 2 and 4 so that Ulysses, ring and tensor parallelism over 2 or
-4 ranks have something to split.
+4 ranks have something to split. `build_tinymm` imports the `tinymm` package from the repository's `examples/`
+folder (`ditgate.examples`).
 """
 
 from __future__ import annotations
@@ -89,3 +90,56 @@ def build_qwen_image(seed: int = 0):
         latents_mean=[0.0] * 4, latents_std=[1.0] * 4))
     return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
                              tokenizer=tokenizer, transformer=transformer)
+
+
+def _tinymm_trained_like(transformer, seed: int) -> None:
+    """Three departures from default initialisation, so that the gates see what they would see on a trained model.
+
+    - `proj_out` x4: over 8 steps the latents then move from their noise (std 1) by 1.7 on average per element
+      instead of 0.5, so the transformer, not the initial noise, shapes the decoded image;
+    - attention output projections x4: attention carries a real share of each block's update;
+    - image queries and keys of one key/value group share a bias vector: with RoPE, a shared direction scores
+      neighbouring positions highest, so image attention becomes local, as in trained DiTs. A random model instead
+      mixes every token with every other one in each block, and a corruption confined to a few tokens (a misplaced
+      attention mask) spreads to the rest of the image.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        transformer.proj_out.weight.mul_(4.0)
+        for block in transformer.transformer_blocks:
+            attn = block.attn
+            attn.to_out.weight.mul_(4.0)
+            attn.to_add_out.weight.mul_(4.0)
+            bias = 3.0 * torch.randn(attn.kv_heads, attn.heads // attn.kv_heads, attn.head_dim, generator=generator)
+            bias[:, 1:] = bias[:, :1]  # every query head of a group shares its key/value head's bias
+            attn.to_q.bias.copy_(bias.flatten())
+            attn.to_k.bias.copy_(bias[:, 0].flatten())
+
+
+def build_tinymm(seed: int = 0):
+    """TinyMMPipeline (examples/tinymm, not in diffusers): 4 joint blocks, 4 query and 2 key/value heads x 16,
+    2-D RoPE, a text padding mask; T5 text encoder, AutoencoderKL."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+    from transformers import T5Config, T5EncoderModel
+
+    from ..examples import ensure_importable
+
+    ensure_importable("tinymm")
+    from tinymm import TinyMMPipeline, TinyMMTransformer2DModel
+
+    d_text = 32
+    transformer = _seeded(seed, lambda: TinyMMTransformer2DModel(
+        in_channels=4, patch_size=2, num_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        attention_head_dim=16, text_dim=d_text))
+    _tinymm_trained_like(transformer, seed)
+    t5 = _seeded(seed + 1, lambda: T5EncoderModel(T5Config(
+        vocab_size=256, d_model=d_text, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)))
+    vae = _seeded(seed + 2, lambda: AutoencoderKL(
+        sample_size=32, block_out_channels=(8, 16), down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2, layers_per_block=1, latent_channels=4, norm_num_groups=4,
+        use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0, scaling_factor=1.0))
+    return TinyMMPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=t5,
+                          tokenizer=t5_tokenizer(), transformer=transformer)
