@@ -60,6 +60,7 @@ class RunConfig:
     resume: bool = False
     warmup: int = 0
     repeats: int = 1
+    gates: Path | None = None  # gate table to judge with; None: checklists/gates.json
 
 
 @dataclass
@@ -303,13 +304,22 @@ class Runner:
         verdict = evaluate(row.phase, modality, load(base.row.name, "output"), load(row.name, "output"),
                            latents=latents if all(x is not None for x in latents) else None,
                            noise=load(base.row.name, "noise"), dtype=self.cfg.dtype,
-                           sample_rate=state.result.get("sample_rate"), floor=audio.get("used"))
+                           sample_rate=state.result.get("sample_rate"), floor=audio.get("used"),
+                           gates=self._gates())
         state.verdict = verdict.to_dict() | ({"floor": json_ready(audio)} if audio else {})
         state.reasons.extend(verdict.reasons)
         for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
             state.proofs.append(proof.to_dict())
             if not proof.passed:
                 state.reasons.append(f"{proof.feature} did not act: {proof.detail}")
+
+    def _gates(self) -> dict | None:
+        """The run's own gate table (`gates=`), read once; None: gates.json."""
+        if self.cfg.gates and not hasattr(self, "_gate_table"):
+            from .gates import load_gates
+
+            self._gate_table = load_gates(self.cfg.gates)
+        return getattr(self, "_gate_table", None)
 
     def _audio_floor(self) -> dict[str, Any]:
         """The noise floor for audio rows: what the calibration row measured against the baseline, and the part of
@@ -330,7 +340,7 @@ class Runner:
             latents = load(BASELINE.name, "latents"), load(CALIBRATION.name, "latents")
             if all(x is not None for x in latents):  # shown next to the rows' latent checks, not a threshold
                 calib.measured["cosine"] = tensor_metrics(*latents)["cosine"]
-        return {"measured": calib.measured, "used": gate_floor(calib.measured) or None}
+        return {"measured": calib.measured, "used": gate_floor(calib.measured, self._gates()) or None}
 
 
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None) -> dict[str, Any]:
