@@ -37,3 +37,29 @@ def run_cli(capsys):
         return code, out.out, out.err
 
     return _run
+
+
+def _default_run(tmp_path_factory, model: str):
+    from ditgate import request, rows, zoo
+    from ditgate.runner import RunConfig, run
+
+    out = tmp_path_factory.mktemp(model.removeprefix("zoo:") + "-default") / "run"
+    path = zoo.materialize(model)
+    cfg = RunConfig(model=model, rows=rows.select(rows.DEFAULT_ROWS, None), out=out,
+                    request=request.build(zoo.read_meta(path)))
+    return run(cfg, progress=lambda line: None), out
+
+
+@pytest.fixture(scope="session")
+def flux_default_run(tmp_path_factory):
+    """Every default row of `ditgate run` on zoo:flux, run once per session: (report, run folder).
+
+    tests/test_runner.py checks this run; the notebook route (tests/test_notebooks.py) and the phase checklists
+    (tests/test_checklists.py) resume from copies of it, so the suite runs the default rows on zoo:flux live once."""
+    return _default_run(tmp_path_factory, "zoo:flux")
+
+
+@pytest.fixture(scope="session")
+def wan_default_run(tmp_path_factory):
+    """The same on zoo:wan (video): checked by tests/test_runner.py, resumed by the Wan CP notebook test."""
+    return _default_run(tmp_path_factory, "zoo:wan")

@@ -1,5 +1,6 @@
 """Executable checklists: the files validate, their automated items pass on zoo:flux and fail on broken plugins."""
 
+import json
 import re
 from pathlib import Path
 
@@ -161,10 +162,12 @@ def test_out_folder_must_be_new(tmp_path, run_cli):
 
 
 # ------------------------------------------------------------------------------------------------- runs
-def test_phase_checklists_pass_on_flux(tmp_path, run_cli):
-    """One inspect pass and one runner call for the five phase checklists."""
+def test_phase_checklists_pass_on_flux(tmp_path, run_cli, flux_default_run):
+    """One inspect pass and one runner call for the five phase checklists; the rows come from the session's run of
+    the default rows (--from-run), the named checks run here."""
     out = tmp_path / "run"
-    code, stdout, err = run_cli("checklist", "cache,cp,tp,tep,vaep", "--model", "zoo:flux", "--out", out)
+    code, stdout, err = run_cli("checklist", "cache,cp,tp,tep,vaep", "--model", "zoo:flux", "--out", out,
+                                "--from-run", flux_default_run[1])
     filled = {name: _filled(out, name) for name in ("cache", "cp", "tp", "tep", "vaep")}
     not_passed = {f"{n}/{i['id']}": i["result"] for n, f in filled.items() for i in f["items"]
                   if i["result"]["status"] not in ("pass", "manual")}
@@ -174,6 +177,8 @@ def test_phase_checklists_pass_on_flux(tmp_path, run_cli):
             assert (item["result"]["status"] == "manual") == (item["check"]["kind"] == "manual")
         assert data["run"]["passed"] and data["run"]["counts"]["manual"] > 0  # manual items do not fail a run
     assert (out / "report.json").is_file() and "checklist: running rows" in err
+    computed = {r["name"] for r in json.loads((out / "report.json").read_text())["rows"] if not r["resumed"]}
+    assert computed == {"cache-all-steps"}  # the default rows were reused; only a named check's own row ran here
     evidence = {f"{n}/{i['id']}": i["result"]["evidence"] for n, f in filled.items() for i in f["items"]}
     assert "cached steps [2, 4, 6]" in evidence["cache/cache-row"]
     split = re.search(r"(\d+) tokens split into (\d+) per rank", evidence["cp/ulysses-row"])
@@ -182,6 +187,14 @@ def test_phase_checklists_pass_on_flux(tmp_path, run_cli):
     assert "text_encoder_2 (T5EncoderModel)" in evidence["tep/planner-registered"]
     assert "rank 0 decoded" in evidence["vaep/vaep-row"]
     assert "PASS    cache-off-identical" in stdout and "MANUAL  grid-looked-at" in stdout
+
+
+def test_from_run_must_be_a_matching_run(tmp_path, run_cli, flux_default_run):
+    code, _, err = run_cli("checklist", "cp", "--model", "zoo:flux", "--out", tmp_path / "a", "--from-run", tmp_path)
+    assert code == 2 and "not a run folder" in err
+    code, _, err = run_cli("checklist", "tp", "--model", "zoo:flux", "--out", tmp_path / "b", "--steps", "3",
+                           "--from-run", flux_default_run[1])
+    assert code == 2 and "cannot resume" in err and "request" in err
 
 
 def test_wrong_forward_pattern_fails_the_cache_items(tmp_path, run_cli):

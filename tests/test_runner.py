@@ -27,8 +27,8 @@ def _rows(report):
 
 
 @pytest.fixture(scope="module")
-def flux_report(tmp_path_factory):
-    return _run("zoo:flux", None, tmp_path_factory.mktemp("flux") / "run")
+def flux_report(flux_default_run):
+    return flux_default_run[0]  # every default row on zoo:flux (tests/conftest.py)
 
 
 def test_default_rows_pass_on_flux(flux_report):
@@ -77,8 +77,8 @@ def test_report_files(flux_report):
     assert not list(run_dir.rglob(".*.tmp")) and not list(run_dir.rglob(".result.json.*"))
 
 
-def test_default_rows_pass_on_wan(tmp_path):
-    report = _run("zoo:wan", None, tmp_path / "run")
+def test_default_rows_pass_on_wan(wan_default_run):
+    report = wan_default_run[0]
     failed = {r["name"]: r["reasons"] for r in report["rows"] if r["status"] not in ("passed", "reference")}
     assert not failed, failed
     assert _rows(report)["cache"]["modality"] == "video"
@@ -128,7 +128,7 @@ def test_crashed_rank_is_named(tmp_path):
 
 def test_hung_rank_ends_in_a_report(tmp_path):
     report = _run("zoo:flux", "cp-ulysses-2", tmp_path / "run", integration=PLUGINS / "flux_rank1_hangs.py",
-                  timeout=60)
+                  timeout=30)
     result = _rows(report)["cp-ulysses-2"]
     assert result["status"] == "error" and result["error"]["timed_out"]
     assert "no progress" in result["reasons"][0]

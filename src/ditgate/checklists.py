@@ -366,6 +366,7 @@ class RunOptions:
     out: Path | None = None
     timeout: float = 600.0
     progress: Callable[[str], None] | None = None
+    from_run: Path | None = None  # a `ditgate run` folder whose finished rows are reused (copied into `out`)
 
 
 def _row_outcome(row: dict[str, Any] | None, name: str) -> Outcome:
@@ -423,6 +424,8 @@ def _fresh_folder(opts: RunOptions) -> Path:
     run_dir = Path(opts.out) if opts.out else default_out(opts.model)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ChecklistError(f"{run_dir} is not empty; choose another --out (a checklist always runs afresh)")
+    if opts.from_run is not None and not (Path(opts.from_run) / "run.json").is_file():
+        raise ChecklistError(f"--from-run {opts.from_run} is not a run folder of `ditgate run` (no run.json)")
     return run_dir
 
 
@@ -481,7 +484,7 @@ class _Session:
     def run_rows(self, run_dir: Path) -> None:
         """ONE runner call: every row item, plus the rows that named checks are judged on."""
         from .rows import BASELINE, DEFAULT_ROWS, select
-        from .runner import RunConfig, run
+        from .runner import RunConfig, copy_finished_rows, run
 
         wanted = list(dict.fromkeys(i.check["row"] for c, i in self.items if i.kind == "row"))
         extra = {}
@@ -500,9 +503,11 @@ class _Session:
         chosen += [r for n, r in extra.items() if n not in {x.name for x in chosen}]
         self.say(f"checklist: running rows {', '.join(r.name for r in chosen)}")
         o = self.opts
+        if o.from_run is not None:
+            copy_finished_rows(Path(o.from_run), run_dir, [r.name for r in chosen])
         cfg = RunConfig(model=o.model, rows=chosen, request=o.request, out=run_dir, dtype=o.dtype, device=o.device,
                         integration=o.integration, pipeline=o.pipeline, trust_remote_code=o.trust_remote_code,
-                        timeout=o.timeout)
+                        timeout=o.timeout, resume=o.from_run is not None)
         self.ctx.report = run(cfg, progress=self.say)
         self.ctx.run_dir = Path(self.ctx.report["run_dir"])
         for c, i in self.items:
@@ -520,6 +525,12 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     from .runner import _versions
 
     run_dir = _fresh_folder(opts)
+    if opts.from_run is not None:  # refuse a run of another model or request now, not after the inspection
+        from .runner import RunConfig, check_resumable
+
+        check_resumable(Path(opts.from_run), RunConfig(model=opts.model, rows=[], request=opts.request,
+                                                       dtype=opts.dtype, device=opts.device,
+                                                       integration=opts.integration), resolve(opts.model))
     ctx = Context(model=opts.model, model_path=resolve(opts.model), request=opts.request, dtype=opts.dtype,
                   device=opts.device, integration_path=opts.integration, pipeline=opts.pipeline,
                   trust_remote_code=opts.trust_remote_code)

@@ -101,23 +101,45 @@ def default_out(model: str) -> Path:
     return Path("runs") / f"{stem}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+def _identity(cfg: RunConfig, model_path: Path) -> dict[str, Any]:
+    return {"model": cfg.model, "model_path": str(model_path), "request": cfg.request.to_dict(),
+            "dtype": cfg.dtype, "device": cfg.device, "integration": str(cfg.integration) if cfg.integration else None}
+
+
+def check_resumable(run_dir: Path, cfg: RunConfig, model_path: Path) -> None:
+    """Raise RunFolderError unless the run in `run_dir` has the model, request, dtype, device and integration of
+    `cfg` (rows are checked one by one, by fingerprint, when they are resumed)."""
+    previous = json.loads((Path(run_dir) / "run.json").read_text())
+    changed = [k for k, v in _identity(cfg, model_path).items() if previous.get(k) != v]
+    if changed:
+        raise RunFolderError(f"cannot resume {run_dir}: {', '.join(changed)} differ from the run it holds")
+
+
 def _prepare_folder(cfg: RunConfig, model_path: Path) -> Path:
     run_dir = Path(cfg.out) if cfg.out else default_out(cfg.model)
-    identity = {"model": cfg.model, "model_path": str(model_path), "request": cfg.request.to_dict(),
-                "dtype": cfg.dtype, "device": cfg.device,
-                "integration": str(cfg.integration) if cfg.integration else None}
+    identity = _identity(cfg, model_path)
     run_file = run_dir / "run.json"
     if run_file.is_file():
         if not cfg.resume:
             raise RunFolderError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out")
-        previous = json.loads(run_file.read_text())
-        changed = [k for k, v in identity.items() if previous.get(k) != v]
-        if changed:
-            raise RunFolderError(f"cannot resume {run_dir}: {', '.join(changed)} differ from the run it holds")
+        check_resumable(run_dir, cfg, model_path)
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise RunFolderError(f"{run_dir} exists and is not a ditgate run folder")
     store.write_json(run_file, identity | {"versions": _versions(), "rows": [r.to_dict() for r in cfg.rows]})
     return run_dir
+
+
+def copy_finished_rows(source: Path, run_dir: Path, names: list[str]) -> None:
+    """Seed `run_dir` with the finished rows `names` of the run in `source` (and its run.json), so that a run there
+    with `resume=True` reuses them: the runner still checks that model, request, dtype, device and integration are
+    the same, and each row's fingerprint, and computes whatever does not match."""
+    import shutil
+
+    (run_dir / "rows").mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "run.json", run_dir / "run.json")
+    for name in names:
+        if (source / "rows" / name / store.RESULT).is_file():
+            shutil.copytree(source / "rows" / name, run_dir / "rows" / name)
 
 
 def _done(run_dir: Path, row: Row, resume: bool) -> dict[str, Any] | None:

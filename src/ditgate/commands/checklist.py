@@ -31,6 +31,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
     parser.add_argument("--out", type=Path, help="run folder for the rows and the filled-in checklists (new or "
                         "empty; default: a new folder under runs/)")
+    parser.add_argument("--from-run", type=Path, metavar="RUN",
+                        help="a run folder of `ditgate run` on the same model and request: its finished rows are "
+                             "copied into --out and not computed again")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds a parallel group may go without progress before it is killed (default 600)")
     parser.add_argument("--json", action="store_true", help="print the filled-in checklists as JSON")
@@ -87,7 +90,8 @@ def main(args: argparse.Namespace) -> int:
     checklists = [load(name) for name in _names(args.phase)]
     opts = RunOptions(model=args.model, request=build_request(args), dtype=args.dtype,
                       device=resolve_device(args.device), integration=args.integration, pipeline=args.pipeline,
-                      trust_remote_code=args.trust_remote_code, out=args.out, timeout=args.timeout)
+                      trust_remote_code=args.trust_remote_code, out=args.out, timeout=args.timeout,
+                      from_run=args.from_run)
     with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result
         filled = run_checklists(checklists, opts)
     paths = [write_filled(f) for f in filled]
