@@ -305,7 +305,7 @@ def collect(out_dir: Path) -> dict[str, dict[str, Any]]:
 
 def results_table(out_dir: Path, report: dict[str, Any] | None = None) -> str:
     """Markdown: every gated row of the phase results in `out_dir`, then `report`'s rows; each row once."""
-    from .report import _fmt
+    from .report import fmt
 
     lines = ["| phase | row | ranks | latency (s) | speedup | PSNR (dB) | SSIM | max-abs (latents) | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -321,9 +321,9 @@ def results_table(out_dir: Path, report: dict[str, Any] | None = None) -> str:
             m = r.get("metrics") or {}
             psnr = m.get("psnr", m.get("psnr_frame_min", r.get("psnr")))
             ssim = m.get("ssim", m.get("ssim_frame_min", r.get("ssim")))
-            lines.append(f"| {phase} | {r['name']} | {r.get('world_size', '–')} | {_fmt(r.get('latency_s'), '.3f')} | "
-                         f"{_fmt(r.get('speedup'), '.2f')} | {_fmt(psnr, '.2f')} | {_fmt(ssim, '.4f')} | "
-                         f"{_fmt(m.get('max_abs', r.get('max_abs')), '.2e')} | {str(r.get('status', '–')).upper()} |")
+            lines.append(f"| {phase} | {r['name']} | {r.get('world_size', '–')} | {fmt(r.get('latency_s'), '.3f')} | "
+                         f"{fmt(r.get('speedup'), '.2f')} | {fmt(psnr, '.2f')} | {fmt(ssim, '.4f')} | "
+                         f"{fmt(m.get('max_abs', r.get('max_abs')), '.2e')} | {str(r.get('status', '–')).upper()} |")
     return "\n".join(lines) + "\n"
 
 

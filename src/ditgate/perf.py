@@ -231,19 +231,11 @@ def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
     }
 
 
-def _fmt(value: Any, spec: str) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, str):
-        return value
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    return format(value, spec)
-
-
 def markdown(data: dict[str, Any]) -> str:
+    from .report import fmt, size_text
+
     call = data["request"]["call"]
-    size = "x".join(str(call[k]) for k in ("num_frames", "height", "width") if k in call)
+    size = size_text(call)
     bad = [r["name"] for r in data["rows"] if r["status"] in ("failed", "error")]
     verdict = f"failed: {', '.join(bad)}" if bad else "every row that ran passed its gate"
     lines = [
@@ -264,11 +256,11 @@ def markdown(data: dict[str, Any]) -> str:
                   "peak memory (MiB) | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         mem = r["peak_memory_bytes"] / 2**20 if r["peak_memory_bytes"] else None
-        speed = _fmt(r["speedup"], ".2f") + (" (far below)" if r["far_below"] else "")
+        speed = fmt(r["speedup"], ".2f") + (" (far below)" if r["far_below"] else "")
         lines.append(f"| {r['name']} | {r['phase'] or 'reference'} | {r['world_size']} | "
-                     f"{_fmt(r['latency_s'], '.3f')} | {speed} | {_fmt(r['predicted'], '.2f')} | "
-                     f"{_fmt(r['efficiency'], '.2f')} | {_fmt(r['psnr'], '.2f')} | {_fmt(r['ssim'], '.4f')} | "
-                     f"{_fmt(mem, '.0f')} | {r['status'].upper()} |")
+                     f"{fmt(r['latency_s'], '.3f')} | {speed} | {fmt(r['predicted'], '.2f')} | "
+                     f"{fmt(r['efficiency'], '.2f')} | {fmt(r['psnr'], '.2f')} | {fmt(r['ssim'], '.4f')} | "
+                     f"{fmt(mem, '.0f')} | {r['status'].upper()} |")
     refused = [r for r in data["rows"] if r["status"] == "refused"]
     if refused:
         lines += ["", "## Not run here", ""] + [f"- **{r['name']}**: {r['reasons'][0].removeprefix('not run: ')}"
@@ -282,7 +274,7 @@ def markdown(data: dict[str, Any]) -> str:
         for r in slow:
             p = r["prediction"]
             lines.append(f"- **{r['name']}**: {r['speedup']:.2f}x measured, {p['predicted']:.2f}x predicted; the "
-                         f"transformer alone {_fmt(p['transformer_measured'], '.2f')}x of "
+                         f"transformer alone {fmt(p['transformer_measured'], '.2f')}x of "
                          f"{p['transformer']:.2f}x possible")
     above = [r["name"] for r in data["rows"] if (r["efficiency"] or 0) > ABOVE_CEILING]
     if above:

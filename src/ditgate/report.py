@@ -94,7 +94,8 @@ def validate(report: dict[str, Any]) -> None:
     jsonschema.validate(json.loads(json.dumps(report, default=str)), schema)
 
 
-def _fmt(value: Any, spec: str) -> str:
+def fmt(value: Any, spec: str) -> str:
+    """A table cell: `value` in `spec`, "–" for None, "inf" for an infinity, strings as they are."""
     if value is None:
         return "–"
     if isinstance(value, str):
@@ -104,11 +105,17 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def markdown(report: dict[str, Any]) -> str:
-    call = report["request"]["call"]
+def size_text(call: dict[str, Any]) -> str:
+    """The output size a pipeline call asks for: frames x height x width, or the audio span ("" when unset)."""
     size = "x".join(str(call[k]) for k in ("num_frames", "height", "width") if k in call)
     if not size and "audio_end_in_s" in call:
         size = f"{call.get('audio_start_in_s', 0)}-{call['audio_end_in_s']} s of audio"
+    return size
+
+
+def markdown(report: dict[str, Any]) -> str:
+    call = report["request"]["call"]
+    size = size_text(call)
     lines = [
         f"# ditgate run: {report['model']}",
         "",
@@ -116,7 +123,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"- size {size or 'pipeline default'}, {call.get('num_inference_steps', '?')} steps, seed "
         f"{report['request']['seed']}, {report['dtype']} on {report['device']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
-        f"- wall time {_fmt(report.get('wall_s'), '.1f')} s",
+        f"- wall time {fmt(report.get('wall_s'), '.1f')} s",
         "",
         "| row | phase | ranks | latency (s) | speedup | predicted | PSNR (dB) | SSIM | worst tile SSIM | "
         "max-abs (latents) | peak memory (MiB) | verdict |",
@@ -130,10 +137,10 @@ def markdown(report: dict[str, Any]) -> str:
         prediction = r.get("prediction") or {}
         far = " (far below)" if prediction.get("far_below") else ""
         lines.append(
-            f"| {r['name']} | {r['phase'] or 'reference'} | {r['world_size']} | {_fmt(r['latency_s'], '.3f')} | "
-            f"{_fmt(r['speedup'], '.2f')}{far} | {_fmt(prediction.get('predicted'), '.2f')} | {_fmt(psnr, '.2f')} | "
-            f"{_fmt(ssim, '.4f')} | "
-            f"{_fmt(m.get('worst_tile_ssim'), '.4f')} | {_fmt(m.get('max_abs'), '.2e')} | {_fmt(mem, '.0f')} | "
+            f"| {r['name']} | {r['phase'] or 'reference'} | {r['world_size']} | {fmt(r['latency_s'], '.3f')} | "
+            f"{fmt(r['speedup'], '.2f')}{far} | {fmt(prediction.get('predicted'), '.2f')} | {fmt(psnr, '.2f')} | "
+            f"{fmt(ssim, '.4f')} | "
+            f"{fmt(m.get('worst_tile_ssim'), '.4f')} | {fmt(m.get('max_abs'), '.2e')} | {fmt(mem, '.0f')} | "
             f"{r['status'].upper()} |")
     lines += _audio_lines(report)
     failures = [r for r in report["rows"] if r["reasons"]]
