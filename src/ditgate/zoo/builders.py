@@ -18,10 +18,29 @@ def _seeded(seed: int, make):
     return make().eval()
 
 
+def _t5(seed: int, d_model: int):
+    """A 2-layer T5 encoder (4 heads x 8) of width `d_model`, for the byte-level `t5_tokenizer`."""
+    from transformers import T5Config, T5EncoderModel
+
+    return _seeded(seed, lambda: T5EncoderModel(T5Config(
+        vocab_size=256, d_model=d_model, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)))
+
+
+def _kl_vae(seed: int, shift_factor: float, scaling_factor: float):
+    """A 2-level AutoencoderKL (one downsampling: latents half the image's size per side) with 4 latent channels."""
+    from diffusers import AutoencoderKL
+
+    return _seeded(seed, lambda: AutoencoderKL(
+        sample_size=32, block_out_channels=(8, 16), down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2, layers_per_block=1, latent_channels=4, norm_num_groups=4,
+        use_quant_conv=False, use_post_quant_conv=False, shift_factor=shift_factor, scaling_factor=scaling_factor))
+
+
 def build_flux(seed: int = 0):
     """FluxPipeline: 2 double-stream + 4 single-stream blocks, 4 heads x 16, CLIP + T5 text encoders."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel
 
     d_text = 32
     transformer = _seeded(seed, lambda: FluxTransformer2DModel(
@@ -31,13 +50,8 @@ def build_flux(seed: int = 0):
     clip = _seeded(seed + 1, lambda: CLIPTextModel(CLIPTextConfig(
         bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=d_text, intermediate_size=64,
         num_attention_heads=4, num_hidden_layers=2, vocab_size=600, projection_dim=d_text)))
-    t5 = _seeded(seed + 2, lambda: T5EncoderModel(T5Config(
-        vocab_size=256, d_model=d_text, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)))
-    vae = _seeded(seed + 3, lambda: AutoencoderKL(
-        sample_size=32, block_out_channels=(8, 16), down_block_types=["DownEncoderBlock2D"] * 2,
-        up_block_types=["UpDecoderBlock2D"] * 2, layers_per_block=1, latent_channels=4, norm_num_groups=4,
-        use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035))
+    t5 = _t5(seed + 2, d_text)
+    vae = _kl_vae(seed + 3, shift_factor=0.0609, scaling_factor=1.5035)
     return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=clip,
                         tokenizer=clip_tokenizer(), text_encoder_2=t5, tokenizer_2=t5_tokenizer(),
                         transformer=transformer)
@@ -121,8 +135,7 @@ def _tinymm_trained_like(transformer, seed: int) -> None:
 def build_tinymm(seed: int = 0):
     """TinyMMPipeline (examples/tinymm, not in diffusers): 4 joint blocks, 4 query and 2 key/value heads x 16,
     2-D RoPE, a text padding mask; T5 text encoder, AutoencoderKL."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
-    from transformers import T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
     from ..examples import ensure_importable
 
@@ -134,13 +147,8 @@ def build_tinymm(seed: int = 0):
         in_channels=4, patch_size=2, num_layers=4, num_attention_heads=4, num_key_value_heads=2,
         attention_head_dim=16, text_dim=d_text))
     _tinymm_trained_like(transformer, seed)
-    t5 = _seeded(seed + 1, lambda: T5EncoderModel(T5Config(
-        vocab_size=256, d_model=d_text, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)))
-    vae = _seeded(seed + 2, lambda: AutoencoderKL(
-        sample_size=32, block_out_channels=(8, 16), down_block_types=["DownEncoderBlock2D"] * 2,
-        up_block_types=["UpDecoderBlock2D"] * 2, layers_per_block=1, latent_channels=4, norm_num_groups=4,
-        use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0, scaling_factor=1.0))
+    t5 = _t5(seed + 1, d_text)
+    vae = _kl_vae(seed + 2, shift_factor=0.0, scaling_factor=1.0)
     return TinyMMPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=t5,
                           tokenizer=t5_tokenizer(), transformer=transformer)
 
@@ -154,16 +162,13 @@ def build_stable_audio(seed: int = 0):
     """
     from diffusers import AutoencoderOobleck, EDMDPMSolverMultistepScheduler, StableAudioDiTModel, StableAudioPipeline
     from diffusers.pipelines.stable_audio import StableAudioProjectionModel
-    from transformers import T5Config, T5EncoderModel
 
     d_text = 32
     transformer = _seeded(seed, lambda: StableAudioDiTModel(
         sample_size=31, in_channels=8, out_channels=8, num_layers=4, attention_head_dim=8, num_attention_heads=8,
         num_key_value_attention_heads=4, cross_attention_dim=32, time_proj_dim=32,
         global_states_input_dim=2 * d_text, cross_attention_input_dim=d_text))
-    t5 = _seeded(seed + 1, lambda: T5EncoderModel(T5Config(
-        vocab_size=256, d_model=d_text, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)))
+    t5 = _t5(seed + 1, d_text)
     projection = _seeded(seed + 2, lambda: StableAudioProjectionModel(
         text_encoder_dim=d_text, conditioning_dim=d_text, min_value=0, max_value=4))
     vae = _seeded(seed + 3, lambda: AutoencoderOobleck(
