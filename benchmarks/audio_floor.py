@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ditgate import request, rows, zoo
-from ditgate.execute import run_row
+from ditgate import zoo
+from ditgate.core import request
+from ditgate.run import rows
+from ditgate.run.execute import run_row
 from ditgate.metrics import audio_metrics, tensor_metrics
 
 MODEL = "zoo:stable-audio"

@@ -30,7 +30,7 @@ CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 @contextmanager
 def timers(pipe, clock):
     """Per-call seconds of the transformer and of all its blocks together."""
-    from ditgate.probes import block_lists, transformers_of
+    from ditgate.run.probes import block_lists, transformers_of
 
     spans = {"transformer": [], "blocks": []}
     start: dict[str, float] = {}
@@ -62,10 +62,11 @@ def measure(model: str, cache: dict | None, steps: int, repeats: int, size: int,
     import cache_dit
     import torch
 
-    from ditgate import load, request, zoo
-    from ditgate.execute import cache_config
-    from ditgate.loader import resolve
-    from ditgate.rows import Row
+    from ditgate import load, zoo
+    from ditgate.core import request
+    from ditgate.run.execute import cache_config
+    from ditgate.core.loader import resolve
+    from ditgate.run.rows import Row
 
     path = resolve(model)
     req = request.build(zoo.read_meta(path), steps=steps, height=size, width=size)
@@ -129,8 +130,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from ditgate.loader import resolve
-    from ditgate.probes import block_lists, transformers_of
+    from ditgate.core.loader import resolve
+    from ditgate.run.probes import block_lists, transformers_of
 
     clock = CLOCKS[args.clock]
     base = measure(args.model, None, args.steps, args.repeats, args.size, clock)

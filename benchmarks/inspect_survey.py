@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ditgate.anatomy import observe_transformer, static_block_lists  # noqa: E402
+from ditgate.inspect.anatomy import observe_transformer, static_block_lists  # noqa: E402
 
 HEADS, HEAD_DIM, KV_HEADS = 4, 16, 2
 WIDTH = HEADS * HEAD_DIM
@@ -239,7 +239,7 @@ def _lists(block_lists) -> list[dict[str, Any]]:
 
 
 def cache_dit_view(model, result: Result) -> None:
-    from ditgate.cachedit_support import _planner_name, activate_registries, describe_adapter
+    from ditgate.inspect.support import _planner_name, activate_registries, describe_adapter
     from cache_dit.distributed.transformers.register import (ContextParallelismPlannerRegister,
                                                              TensorParallelismPlannerRegister)
 

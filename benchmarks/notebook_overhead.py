@@ -4,7 +4,7 @@
 
 Alternates, `--repeats` times: (a) `papermill notebooks/NN_phase.ipynb` (papermill's start, the kernel's start, the
 imports inside the kernel, the phase, the display and the JSON result), and (b) `python -c` calling
-`ditgate.runner.run` with the same rows and request (the interpreter, the imports, the phase). Prints each wall
+`ditgate.run.runner.run` with the same rows and request (the interpreter, the imports, the phase). Prints each wall
 time, the runner's own wall time of each (report.json `wall_s`), and the medians of both and of their difference
 (the time spent outside the runner: process and kernel start, imports, display, results).
 """
@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DIRECT = """
 import sys
 from pathlib import Path
-from ditgate import notebooks, zoo
-from ditgate.loader import resolve
-from ditgate.request import build
-from ditgate.runner import RunConfig, run
+from ditgate import zoo
+from ditgate.notebooks import cells as notebooks
+from ditgate.core.loader import resolve
+from ditgate.core.request import build
+from ditgate.run.runner import RunConfig, run
 phase, model, out = sys.argv[1:4]
 cfg = RunConfig(model=model, rows=notebooks.phase_rows(phase), request=build(zoo.read_meta(resolve(model))),
                 out=Path(out) / phase)
@@ -49,7 +50,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernel", default="ditgate")
     args = parser.parse_args()
-    from ditgate import notebooks, zoo
+    from ditgate import zoo
+    from ditgate.notebooks import cells as notebooks
 
     zoo.materialize(args.model) if args.model.startswith("zoo:") else None  # built once, outside the timings
     nb = notebooks.find(args.phase)[0]

@@ -22,9 +22,10 @@ CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import diffusers, cache_dit  # noqa: F401
-from ditgate import load, request, zoo
-from ditgate.execute import generate
-from ditgate.probes import Probes
+from ditgate import load, zoo
+from ditgate.core import request
+from ditgate.run.execute import generate
+from ditgate.run.probes import Probes
 t1 = time.perf_counter()
 name, folder = sys.argv[1], sys.argv[2]
 path = zoo.build(name, folder)

@@ -11,10 +11,15 @@ import pytest
 import torch
 
 import ditgate
-from ditgate import audio, calibration, gates, request, rows, zoo
-from ditgate.execute import run_row
-from ditgate.probes import Probes
-from ditgate.runner import RunConfig, run
+from ditgate import zoo
+from ditgate.run import audio
+from ditgate.gates import calibration
+from ditgate.gates import verdicts as gates
+from ditgate.core import request
+from ditgate.run import rows
+from ditgate.run.execute import run_row
+from ditgate.run.probes import Probes
+from ditgate.run.runner import RunConfig, run
 
 PLUGINS = Path(__file__).parent / "plugins"
 MODEL = "zoo:stable-audio"

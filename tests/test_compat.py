@@ -1,4 +1,4 @@
-"""Each CPU patch in ditgate.compat exists because cache-dit 1.5.3 fails without it on CPU.
+"""Each CPU patch in ditgate.run.compat exists because cache-dit 1.5.3 fails without it on CPU.
 
 The `test_still_needed_*` tests check that the failure is still there. When one of them fails after an upgrade,
 the patch it guards is no longer needed: delete the patch and its test.
@@ -37,7 +37,7 @@ def test_still_needed_ring_merge_kernel_is_not_pytorch():
 def test_still_needed_rmsnorm_asserts_not_cpu():
     import importlib
 
-    from ditgate.compat import RMSNORM_MODULES
+    from ditgate.run.compat import RMSNORM_MODULES
 
     for name in RMSNORM_MODULES:
         module = importlib.import_module(f"cache_dit.distributed.transformers.{name}")
@@ -47,7 +47,7 @@ def test_still_needed_rmsnorm_asserts_not_cpu():
 def test_patches_work_in_a_fresh_process():
     code = """
 import torch
-from ditgate import compat
+from ditgate.run import compat
 names = compat.apply_cpu_patches()
 assert compat.apply_cpu_patches() == names  # once per process
 q, k, v = torch.randn(3, 1, 2, 8, 16).unbind(0)

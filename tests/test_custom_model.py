@@ -14,9 +14,12 @@ import pytest
 import torch
 
 import ditgate
-from ditgate import examples, request, rows, zoo
-from ditgate.anatomy import inspect_model
-from ditgate.runner import RunConfig, run
+from ditgate import zoo
+from ditgate.core import examples
+from ditgate.core import request
+from ditgate.run import rows
+from ditgate.inspect.anatomy import inspect_model
+from ditgate.run.runner import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tinymm"

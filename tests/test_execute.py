@@ -1,7 +1,10 @@
 import gc
 import weakref
 
-from ditgate import execute, request, rows, zoo
+from ditgate import zoo
+from ditgate.run import execute
+from ditgate.core import request
+from ditgate.run import rows
 
 
 def test_a_finished_row_frees_its_pipeline(monkeypatch):

@@ -8,8 +8,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from ditgate import gates
-from ditgate.errors import GateConfigError, GateInputError, MetricInputError, NonFiniteError
+from ditgate.gates import verdicts as gates
+from ditgate.core.errors import GateConfigError, GateInputError, MetricInputError, NonFiniteError
 
 ROOT_GATES = gates.DEFAULT_GATES
 

@@ -12,7 +12,7 @@ from torch import nn
 
 import ditgate
 from ditgate import zoo
-from ditgate.anatomy import analyse, build_call, inspect_model
+from ditgate.inspect.anatomy import analyse, build_call, inspect_model
 
 
 # -- a tiny diffusers-style DiT with grouped-query attention and a text padding mask ----------------------------
@@ -262,8 +262,8 @@ def test_bare_transformer_pattern_against_cache_dit_adapter():
     adapter registered in cache-dit 1.5.3 declares Pattern_0 for both lists."""
     from diffusers import BriaTransformer2DModel
 
-    from ditgate.anatomy import observe_transformer
-    from ditgate.cachedit_support import describe_adapter
+    from ditgate.inspect.anatomy import observe_transformer
+    from ditgate.inspect.support import describe_adapter
 
     torch.manual_seed(0)
     model = BriaTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,

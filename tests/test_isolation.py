@@ -1,5 +1,5 @@
 import ditgate
-from ditgate.isolation import ClassSnapshot
+from ditgate.run.isolation import ClassSnapshot
 
 
 def test_class_patches_are_undone(zoo_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import ditgate
-from ditgate.errors import ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
+from ditgate.core.errors import ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
 
 
 @pytest.fixture()

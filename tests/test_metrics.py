@@ -12,7 +12,7 @@ from PIL import Image
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 from ditgate import metrics
-from ditgate.errors import MetricInputError, NonFiniteError
+from ditgate.core.errors import MetricInputError, NonFiniteError
 from ditgate.metrics import audio
 from ditgate.metrics.convert import as_frames
 from ditgate.metrics.kernel import RADIUS

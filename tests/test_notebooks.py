@@ -22,8 +22,10 @@ import nbformat
 import papermill
 import pytest
 
-from ditgate import notebooks, rows, zoo
-from ditgate.notebooks import NOTEBOOKS, NotebookError
+from ditgate import zoo
+from ditgate.notebooks import cells as notebooks
+from ditgate.run import rows
+from ditgate.notebooks.cells import NOTEBOOKS, NotebookError
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).parent / "plugins"
@@ -145,7 +147,7 @@ def test_parameters_are_typed_as_declared():
 
 
 def test_gates_parameter_judges_with_another_table(tmp_path):
-    from ditgate.errors import GateConfigError
+    from ditgate.core.errors import GateConfigError
 
     table = json.loads((ROOT / "checklists" / "gates.json").read_text())
     for check in table["phases"]["cache"]["modalities"]["image"]["checks"]:
@@ -168,7 +170,7 @@ def test_gates_parameter_judges_with_another_table(tmp_path):
 def test_a_reference_output_with_nan_fails_the_phase(tmp_path):
     import numpy as np
 
-    from ditgate import store
+    from ditgate.run import store
 
     run_dir = tmp_path / "baseline"
     store.write_array(store.row_dir(run_dir, "baseline") / "output.npy", np.array([[[0.5, np.nan, 0.2]]], np.float32))
@@ -214,7 +216,7 @@ def test_stops_at_the_first_failure_unless_keep_going(tmp_path):
 
 def _seed(out: Path, run_dir: Path) -> None:
     """Give each phase notebook's run folder (`out/<phase>`) the finished rows of `run_dir` that it would run."""
-    from ditgate.runner import copy_finished_rows
+    from ditgate.run.runner import copy_finished_rows
 
     for nb in ROUTE:
         if nb.kind != "inspect":
@@ -289,7 +291,7 @@ def test_inspect_gate_fails_when_a_block_list_has_no_pattern(flux_route, tmp_pat
 
 
 def test_wan_video_through_the_cp_notebook(tmp_path, wan_default_run):
-    from ditgate.runner import copy_finished_rows
+    from ditgate.run.runner import copy_finished_rows
 
     copy_finished_rows(wan_default_run[1], tmp_path / "cp", [r.name for r in notebooks.phase_rows("cp")])
     done = _ditgate("notebook", "run", "cp", "--model", "zoo:wan", "--out", tmp_path, "-p", "resume", "True")
@@ -335,7 +337,7 @@ def test_audio_notebook_on_stable_audio(tmp_path):
     assert _shown(tmp_path / "90_audio.ipynb", "text/html")  # the audio players
 
 
-@pytest.mark.skipif(not HAS_MATRIX, reason="`ditgate matrix` (ditgate.commands.matrix, ditgate.perf) is not in this "
+@pytest.mark.skipif(not HAS_MATRIX, reason="`ditgate matrix` (ditgate.commands.matrix, ditgate.perf.matrix) is not in this "
                                            "checkout")
 def test_perf_matrix_notebook(tmp_path):
     done = _ditgate("notebook", "run", "perf_matrix", "--model", "zoo:flux", "--out", tmp_path,

@@ -6,9 +6,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ditgate import perf, preflight, request, rows, zoo
+from ditgate import zoo
+from ditgate.perf.matrix import matrix as perf
+from ditgate.run import preflight
+from ditgate.core import request
+from ditgate.run import rows
 from ditgate.commands.matrix import tier_refusal
-from ditgate.paths import checklists_dir
+from ditgate.core.paths import checklists_dir
 
 
 def _request(path, **overrides):

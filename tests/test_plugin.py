@@ -1,7 +1,7 @@
 import pytest
 
-from ditgate import plugin
-from ditgate.plugin import PluginError
+from ditgate.core import plugin
+from ditgate.core.plugin import PluginError
 
 
 def test_plugin_file_is_imported_once_per_process(tmp_path):

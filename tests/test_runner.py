@@ -7,9 +7,11 @@ import jsonschema
 import numpy as np
 import pytest
 
-from ditgate import request, rows, zoo
-from ditgate.paths import checklists_dir
-from ditgate.runner import RunConfig, RunFolderError, run
+from ditgate import zoo
+from ditgate.core import request
+from ditgate.run import rows
+from ditgate.core.paths import checklists_dir
+from ditgate.run.runner import RunConfig, RunFolderError, run
 
 PLUGINS = Path(__file__).parent / "plugins"
 DEFAULT = {r.name: r for r in rows.DEFAULT_ROWS}

@@ -67,7 +67,7 @@ def test_build_refuses_non_empty_folder_and_keeps_it(tmp_path):
     target = tmp_path / "taken"
     target.mkdir()
     (target / "precious.txt").write_text("keep me")
-    with pytest.raises(ditgate.errors.DitgateError, match="not empty"):
+    with pytest.raises(ditgate.core.errors.DitgateError, match="not empty"):
         zoo.build("wan", target)
     assert (target / "precious.txt").read_text() == "keep me"
     zoo.build("wan", target, overwrite=True)
@@ -86,7 +86,7 @@ def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_unknown_zoo_name_lists_known_ones():
-    with pytest.raises(ditgate.errors.UnknownZooModelError, match="known: flux"):
+    with pytest.raises(ditgate.core.errors.UnknownZooModelError, match="known: flux"):
         ditgate.load("zoo:nope")
 
 
@@ -105,7 +105,7 @@ def test_incomplete_save_is_refused(tmp_path):
     folder = tmp_path / "partial"
     (folder / "text_encoder").mkdir(parents=True)
     (folder / "text_encoder" / "config.json").write_text("{}")
-    with pytest.raises(ditgate.errors.DitgateError, match="no weights for text_encoder"):
+    with pytest.raises(ditgate.core.errors.DitgateError, match="no weights for text_encoder"):
         zoo._check_complete(folder)
 
 

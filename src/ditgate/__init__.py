@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 
 
 def load(model, dtype="float32", device="cpu", **kwargs):
-    """Load a pipeline from a local folder or `zoo:NAME` (see `ditgate.loader.load`)."""
-    from .loader import load as _load
+    """Load a pipeline from a local folder or `zoo:NAME` (see `ditgate.core.loader.load`)."""
+    from ditgate.core.loader import load as _load
 
     return _load(model, dtype=dtype, device=device, **kwargs)
 

@@ -11,8 +11,8 @@ import importlib
 import pkgutil
 import sys
 
-from . import __version__, commands
-from .errors import DitgateError
+from ditgate import __version__, commands
+from ditgate.core.errors import DitgateError
 
 
 def build_parser() -> argparse.ArgumentParser:

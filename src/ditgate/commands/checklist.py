@@ -19,7 +19,7 @@ _MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from .run import add_model_arguments
+    from ditgate.commands.run import add_model_arguments
 
     parser.add_argument("phase", metavar="PHASE", nargs="?",
                         help="checklist name(s), comma-separated (cache, cp, tp, ...), or a checklist file")
@@ -44,7 +44,7 @@ def _names(phase: str | None) -> list[str] | None:
 
 
 def _validate(phase: str | None) -> int:
-    from ..checklists import validate_all
+    from ditgate.checklists.runner import validate_all
 
     for checklist in validate_all(_names(phase)):
         automated = sum(i.automated for i in checklist.items)
@@ -54,7 +54,7 @@ def _validate(phase: str | None) -> int:
 
 
 def _list_checks() -> int:
-    from ..named_checks import CHECKS
+    from ditgate.checklists.named import CHECKS
 
     for check in CHECKS.values():
         args = ", ".join(f"{k}={'|'.join(map(str, a.choices)) if a.choices else a.kind.__name__}"
@@ -75,7 +75,7 @@ def render(filled: dict, path: Path) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..errors import DitgateError
+    from ditgate.core.errors import DitgateError
 
     if args.list_checks:
         return _list_checks()
@@ -84,8 +84,9 @@ def main(args: argparse.Namespace) -> int:
     if not args.phase or not args.model:
         raise DitgateError("ditgate checklist: give PHASE and --model MODEL (or --validate / --list-checks)")
 
-    from ..checklists import RunOptions, load, run_checklists, write_filled
-    from .run import build_request, resolve_device
+    from ditgate.checklists.runner import RunOptions, load, run_checklists, write_filled
+    from ditgate.commands.run import build_request
+    from ditgate.core.request import resolve_device
 
     checklists = [load(name) for name in _names(args.phase)]
     opts = RunOptions(model=args.model, request=build_request(args), dtype=args.dtype,

@@ -77,7 +77,7 @@ def text(data: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .. import flops
+    from ditgate.inspect import flops
 
     profile = flops.analyze(args.model, height=args.height, width=args.width, frames=args.frames,
                             text_len=args.text_len, dtype=args.dtype, calls_per_step=args.calls_per_step)

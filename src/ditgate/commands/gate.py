@@ -22,7 +22,7 @@ import wave
 from pathlib import Path
 from typing import Any
 
-from ..errors import GateInputError
+from ditgate.core.errors import GateInputError
 
 HELP = "check a candidate output against its baseline with a phase's gate (checklists/gates.json)"
 
@@ -220,7 +220,7 @@ def _parse_floor(items: list[str]) -> dict[str, float] | None:
 
 
 def _table(verdict: Any) -> str:
-    from ..gates import format_value
+    from ditgate.gates.verdicts import format_value
 
     rows = [("metric", "value", "threshold", "result")]
     checked = set()
@@ -240,7 +240,7 @@ def _table(verdict: Any) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .. import gates
+    from ditgate.gates import verdicts as gates
 
     base, cand = Path(args.base), Path(args.cand)
     for path in (base, cand):

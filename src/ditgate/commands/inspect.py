@@ -131,7 +131,7 @@ def render(a) -> str:
 def main(args: argparse.Namespace) -> int:
     import contextlib
 
-    from ..anatomy import inspect_model, write_text_atomic
+    from ditgate.inspect.anatomy import inspect_model, write_text_atomic
 
     # Libraries print progress and log lines while loading and running; keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):

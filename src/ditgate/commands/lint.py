@@ -24,7 +24,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..skill.lint import RULES, WARNING, LintConfig, lint
+    from ditgate.skill.lint import RULES, WARNING, LintConfig, lint
 
     if args.list_rules:
         width = max(len(rule.id) for rule in RULES)

@@ -8,7 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from .run import add_model_arguments, build_request, resolve_device
+from ditgate.commands.run import add_model_arguments, build_request
+from ditgate.core.request import resolve_device
 
 HELP = "acceptance matrix: speed and quality of cache presets, compile, quantization, CP and TP against a baseline"
 
@@ -53,7 +54,7 @@ def cpu_threads(count: int):
 def tier_refusal(tier: str, gpus: int) -> str | None:
     """Why a GPU machine with `gpus` devices cannot run `tier`; None when it can. Tier A runs on one GPU (its
     2-device rows are then refused one by one); B and C exist for their multi-device rows and need all of them."""
-    from ..perf import TIERS
+    from ditgate.perf.matrix.matrix import TIERS
 
     if tier == "A" or TIERS[tier] <= gpus:
         return None
@@ -63,11 +64,11 @@ def tier_refusal(tier: str, gpus: int) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .. import perf
-    from .. import rows as rows_mod
-    from ..errors import DitgateError
-    from ..loader import resolve
-    from ..runner import RunConfig, run
+    from ditgate.perf.matrix import matrix as perf
+    from ditgate.run import rows as rows_mod
+    from ditgate.core.errors import DitgateError
+    from ditgate.core.loader import resolve
+    from ditgate.run.runner import RunConfig, run
 
     if args.warmup < 0 or args.repeats < 1 or args.threads < 1:
         raise DitgateError("--warmup must be >= 0, --repeats and --threads >= 1")

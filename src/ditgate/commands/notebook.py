@@ -30,7 +30,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _list() -> int:
-    from ..notebooks import NOTEBOOKS, parameters
+    from ditgate.notebooks.cells import NOTEBOOKS, parameters
 
     for nb in NOTEBOOKS:
         params = ", ".join(f"{name}: {p['inferred_type_name']} = {p['default']}" for name, p in parameters(nb).items())
@@ -39,8 +39,8 @@ def _list() -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..errors import DitgateError
-    from ..notebooks import find, results_dir, run_notebooks, summary
+    from ditgate.core.errors import DitgateError
+    from ditgate.notebooks.cells import find, results_dir, run_notebooks, summary
 
     if args.action == "list":
         return _list()

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ditgate.core.request import resolve_device
+
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
 
@@ -42,17 +44,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print report.json instead of the table")
 
 
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def build_request(args: argparse.Namespace):
-    from .. import request, zoo
-    from ..loader import resolve
+    from ditgate import zoo
+    from ditgate.core import request
+    from ditgate.core.loader import resolve
 
     meta = zoo.read_meta(resolve(args.model))
     return request.build(meta, prompt=args.prompt, height=args.height, width=args.width, frames=args.frames,
@@ -60,9 +55,9 @@ def build_request(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from .. import report as report_mod
-    from .. import rows as rows_mod
-    from ..runner import RunConfig, run
+    from ditgate.run import report as report_mod
+    from ditgate.run import rows as rows_mod
+    from ditgate.run.runner import RunConfig, run
 
     base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
     chosen = rows_mod.select(base, args.rows)

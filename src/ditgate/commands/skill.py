@@ -22,7 +22,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..skill.install import LAYOUTS, install_skill
+    from ditgate.skill.install import LAYOUTS, install_skill
 
     chosen = args.layout or ["agents"]
     layouts = tuple(LAYOUTS) if "all" in chosen else tuple(chosen)

@@ -18,7 +18,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .. import zoo
+    from ditgate import zoo
 
     if args.zoo_command == "list":
         width = max(map(len, zoo.names()))

@@ -7,9 +7,9 @@
 - `convert`: how inputs are read (layouts, value ranges) and what is refused.
 """
 
-from .audio import audio_metrics, mel_psnr, mel_ssim, si_sdr
-from .image import FrameScores, WorstTile, image_metrics, psnr, score_frames, ssim, video_metrics, worst_tile_ssim
-from .tensor import cosine, disp_rel_error, max_abs, rel_error, tensor_metrics
+from ditgate.metrics.audio import audio_metrics, mel_psnr, mel_ssim, si_sdr
+from ditgate.metrics.image import FrameScores, WorstTile, image_metrics, psnr, score_frames, ssim, video_metrics, worst_tile_ssim
+from ditgate.metrics.tensor import cosine, disp_rel_error, max_abs, rel_error, tensor_metrics
 
 __all__ = [
     "FrameScores", "WorstTile", "audio_metrics", "cosine", "disp_rel_error", "image_metrics", "max_abs",

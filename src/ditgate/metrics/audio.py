@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import MetricInputError
-from .convert import check_finite, raw_tensor, require_same_shape
-from .image import FrameScores
-from .kernel import WINDOW, frame_sums
+from ditgate.core.errors import MetricInputError
+from ditgate.metrics.convert import check_finite, raw_tensor, require_same_shape
+from ditgate.metrics.image import FrameScores
+from ditgate.metrics.kernel import WINDOW, frame_sums
 
 N_FFT = 2048
 HOP = 512

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import MetricInputError, NonFiniteError
+from ditgate.core.errors import MetricInputError, NonFiniteError
 
 CHANNELS = (1, 3)
 # Float inputs may overshoot [0, 1] by this much (rounding in a decoder's post-processing); they are clipped.

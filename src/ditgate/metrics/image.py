@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import MetricInputError
-from .convert import as_frames, require_same_shape
-from .kernel import KernelOutput, frame_sums
+from ditgate.core.errors import MetricInputError
+from ditgate.metrics.convert import as_frames, require_same_shape
+from ditgate.metrics.kernel import KernelOutput, frame_sums
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import MetricInputError
+from ditgate.core.errors import MetricInputError
 
 SIGMA = 1.5
 TRUNCATE = 3.5

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ..errors import MetricInputError
-from .convert import as_float_tensor, require_same_shape
+from ditgate.core.errors import MetricInputError
+from ditgate.metrics.convert import as_float_tensor, require_same_shape
 
 
 def _pair(baseline: Any, candidate: Any) -> tuple[torch.Tensor, torch.Tensor]:

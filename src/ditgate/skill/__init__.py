@@ -1,6 +1,6 @@
 """The skill's own tooling: lint it (`ditgate lint`) and install it where agents look (`ditgate skill install`)."""
 
-from .install import InstallResult, install_skill
-from .lint import RULE_IDS, RULES, Finding, LintConfig, LintReport, lint
+from ditgate.skill.install import InstallResult, install_skill
+from ditgate.skill.lint import RULE_IDS, RULES, Finding, LintConfig, LintReport, lint
 
 __all__ = ["RULES", "RULE_IDS", "Finding", "LintConfig", "LintReport", "lint", "install_skill", "InstallResult"]

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Problem, Skill
-from .markdown import Document
+from ditgate.skill.base import Problem, Skill
+from ditgate.skill.markdown import Document
 
 ROOTS = ("cache_dit", "diffusers")
 PYTHON_FENCES = ("python", "py", "python3")

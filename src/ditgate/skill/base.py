@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DitgateError
-from .markdown import Document, parse
+from ditgate.core.errors import DitgateError
+from ditgate.skill.markdown import Document, parse
 
 SKILL_FILE = "SKILL.md"
 REFERENCES = "references"

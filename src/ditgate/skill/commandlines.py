@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 
-from .base import Problem, Skill
+from ditgate.skill.base import Problem, Skill
 
 SHELL_FENCES = ("bash", "sh", "shell", "zsh", "console")
 RUNNABLE = "runnable"
@@ -103,7 +103,7 @@ def parse_error(parser: argparse.ArgumentParser, args: list[str]) -> str | None:
 
 
 def check_commands(skill: Skill) -> Iterator[Problem]:
-    from ..cli import build_parser
+    from ditgate.cli import build_parser
 
     parser = build_parser()
     for doc in skill.docs.values():

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import DitgateError
-from ..paths import repo_root
-from .base import INSTALLED_PARTS, SKILL_FILE
-from .markdown import split_frontmatter
-from .spec import NAME_PATTERN
+from ditgate.core.errors import DitgateError
+from ditgate.core.paths import repo_root
+from ditgate.skill.base import INSTALLED_PARTS, SKILL_FILE
+from ditgate.skill.markdown import split_frontmatter
+from ditgate.skill.spec import NAME_PATTERN
 
 LAYOUTS: dict[str, str] = {"agents": ".agents/skills", "github": ".github/skills", "claude": ".claude/skills"}
 _IGNORE = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", "*.pyc", ".DS_Store")

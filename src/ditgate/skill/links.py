@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from .base import INSTALLED_PARTS, REFERENCES, SKILL_FILE, Problem, Skill
-from .markdown import Document, parse
-from .phases import PHASES
+from ditgate.skill.base import INSTALLED_PARTS, REFERENCES, SKILL_FILE, Problem, Skill
+from ditgate.skill.markdown import Document, parse
+from ditgate.skill.phases import PHASES
 
 _EXTERNAL = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:|//)")
 # A path to one of the skill's folders written in text or code: `references/cp.md`, ./checklists/gates.json.

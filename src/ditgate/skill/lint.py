@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import DitgateError
-from .apis import check_apis
-from .base import Problem, Skill, load_skill
-from .commandlines import check_commands
-from .links import (check_anchors, check_links, check_nesting, check_phase_files, check_portable, check_routes,
+from ditgate.core.errors import DitgateError
+from ditgate.skill.apis import check_apis
+from ditgate.skill.base import Problem, Skill, load_skill
+from ditgate.skill.commandlines import check_commands
+from ditgate.skill.links import (check_anchors, check_links, check_nesting, check_phase_files, check_portable, check_routes,
                     check_unreachable)
-from .spec import check_budget, check_frontmatter
-from .thresholds import check_thresholds
+from ditgate.skill.spec import check_budget, check_frontmatter
+from ditgate.skill.thresholds import check_thresholds
 
 ERROR, WARNING = "error", "warning"
 _IGNORE = re.compile(r"lint-ignore:\s*([\w-]+(?:\s*,\s*[\w-]+)*)")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import yaml
 
-from .base import SKILL_FILE, Problem, Skill
+from ditgate.skill.base import SKILL_FILE, Problem, Skill
 
 NAME_MAX = 64
 DESCRIPTION_MAX = 1024

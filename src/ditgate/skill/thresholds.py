@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Problem, Skill
-from .phases import file_scope, named_scopes
+from ditgate.skill.base import Problem, Skill
+from ditgate.skill.phases import file_scope, named_scopes
 
 GATES_FILE = "checklists/gates.json"
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import DitgateError, UnknownZooModelError
-from . import builders
+from ditgate.core.errors import DitgateError, UnknownZooModelError
+from ditgate.zoo import builders
 
 ZOO_PREFIX = "zoo:"
 ZOO_FORMAT = 2  # bump when a builder changes, so cached folders are rebuilt
@@ -63,7 +63,7 @@ ZOO: dict[str, ZooModel] = {
                  builders.build_stable_audio,
                  {"prompt": "a tiny drum loop", "audio_end_in_s": 0.25, "num_inference_steps": 8,
                   "guidance_scale": 7.0}),
-        # Not from diffusers: the code is the `tinymm` package in the repository's examples/ (ditgate.examples).
+        # Not from diffusers: the code is the `tinymm` package in the repository's examples/ (ditgate.core.examples).
         ZooModel("tinymm", "TinyMMPipeline", "image",
                  "not in diffusers (examples/tinymm): 4 joint blocks, 4 query / 2 KV heads, 2-D RoPE, text padding "
                  "mask; T5; 64x64 -> 256 image + 48 text tokens",

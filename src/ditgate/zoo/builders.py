@@ -3,14 +3,14 @@
 Every weight comes from `torch.manual_seed`, every module is put in eval mode (T5's dropout would otherwise make two
 identical calls differ), and every width divides by 2 and 4 so that Ulysses, ring and tensor parallelism over 2 or
 4 ranks have something to split. `build_tinymm` imports the `tinymm` package from the repository's `examples/`
-folder (`ditgate.examples`).
+folder (`ditgate.core.examples`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .tokenizers import QWEN_SPECIAL_TOKENS, clip_tokenizer, qwen2_tokenizer, t5_tokenizer
+from ditgate.zoo.tokenizers import QWEN_SPECIAL_TOKENS, clip_tokenizer, qwen2_tokenizer, t5_tokenizer
 
 
 def _seeded(seed: int, make):
@@ -137,7 +137,7 @@ def build_tinymm(seed: int = 0):
     2-D RoPE, a text padding mask; T5 text encoder, AutoencoderKL."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from ..examples import ensure_importable
+    from ditgate.core.examples import ensure_importable
 
     ensure_importable("tinymm")
     from tinymm import TinyMMPipeline, TinyMMTransformer2DModel

@@ -50,7 +50,7 @@ class OutputNoise:
         self.calls = 0
 
     def attach(self, pipe) -> "OutputNoise":
-        from .probes import transformers_of
+        from ditgate.core.components import transformers_of
 
         for module in transformers_of(pipe).values():
             self._handles.append(module.register_forward_hook(self._hook))
@@ -96,7 +96,7 @@ def finite_floor(measured: dict[str, float | None]) -> dict[str, float]:
 def gate_floor(measured: dict[str, float | None], gates: dict | None = None) -> dict[str, float]:
     """The `floor=` argument of `ditgate.gates.evaluate` for a measured noise floor, as `rules.audio.calibration.use`
     says: "looser" keeps only the metrics whose measured value is looser than the default; "replace" keeps all."""
-    from .gates import OPS, load_gates
+    from ditgate.gates.verdicts import OPS, load_gates
 
     gates = load_gates() if gates is None else gates
     rule = gates["rules"]["audio"]

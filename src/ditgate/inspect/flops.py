@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import DitgateError
+from ditgate.core.errors import DitgateError
 
 KINDS = ("attention", "gemm", "other")
 DEGREES = (2, 4, 8)  # parallel degrees the profile reports
@@ -204,7 +204,7 @@ def _read_json(path: Path) -> dict:
 
 def source(model: str | Path) -> Source:
     """Configs of `model`: zoo:NAME, a pipeline folder, a transformer folder, or a transformer config.json."""
-    from . import zoo
+    from ditgate import zoo
 
     if zoo.is_spec(str(model)):
         path = zoo.materialize(str(model))
@@ -376,7 +376,7 @@ def _counting(counter: _Counter, model):
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from .probes import block_lists
+    from ditgate.core.components import block_lists
 
     global _METADATA_OPS
     _METADATA_OPS = _METADATA_OPS or _metadata_ops()
@@ -443,7 +443,7 @@ def build_meta(config: dict, dtype: str = "bfloat16"):
     import diffusers
     import torch
 
-    from .loader import torch_dtype
+    from ditgate.core.loader import torch_dtype
 
     class_name = config.get("_class_name")
     cls = getattr(diffusers, str(class_name), None)
@@ -618,7 +618,7 @@ def analyze(model: str | Path, *, height: int, width: int, frames: int | None = 
     """Count one transformer forward of `model` at `height` x `width` (x `frames`) on the meta device."""
     import torch
 
-    from .probes import block_lists
+    from ditgate.core.components import block_lists
 
     for label, value in (("height", height), ("width", width), ("frames", frames), ("text tokens", text_len)):
         if value is not None and (not isinstance(value, int) or value < 1):

@@ -22,16 +22,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import audio
-from . import request as request_mod
-from .calibration import OutputNoise
-from .errors import DitgateError
-from .isolation import ClassSnapshot
-from .loader import load
-from .plugin import Integration
-from .probes import Probes, sharded_weights, transformers_of
-from .request import Request
-from .rows import Row
+from ditgate.run import audio
+from ditgate.core import request as request_mod
+from ditgate.gates.calibration import OutputNoise
+from ditgate.core.errors import DitgateError
+from ditgate.run.isolation import ClassSnapshot
+from ditgate.core.loader import load
+from ditgate.core.plugin import Integration
+from ditgate.core.components import transformers_of
+from ditgate.run.probes import Probes, sharded_weights
+from ditgate.core.request import Request
+from ditgate.run.rows import Row
 
 
 MASK_POLICIES = ("slow", "medium", "fast", "ultra")  # cache_dit.steps_mask(mask_policy=...)
@@ -274,7 +275,7 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
             import cache_dit
 
             cache_dit.disable_cache(target)  # cache-dit patches the pipeline class; take that back off
-        snapshot.restore()  # and patches classes for parallelism: take those off too (see ditgate.isolation)
+        snapshot.restore()  # and patches classes for parallelism: take those off too (see ditgate.run.isolation)
         if unregister is not None:
             unregister()  # a model inspected or run later in this process sees cache-dit's own planners again
         # Drop every reference before collecting: pipelines hold reference cycles, and a collection made while
@@ -303,7 +304,7 @@ def _cache_stats(target) -> list[dict[str, Any]]:
 
 def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
     """Store a finished row in the run folder; returns its result record."""
-    from . import store
+    from ditgate.run import store
 
     result = {
         "name": row.name, "fingerprint": row.fingerprint(), "row": row.to_dict(), "status": "ok",
@@ -320,7 +321,7 @@ def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
 
 
 def save_error(run_dir: Path, row: Row, error: dict[str, Any]) -> dict[str, Any]:
-    from . import store
+    from ditgate.run import store
 
     result = {"name": row.name, "fingerprint": row.fingerprint(), "row": row.to_dict(), "status": "error",
               "error": error}

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DitgateError
+from ditgate.core.errors import DitgateError
 
 PCM_BITS = 16
 _PCM_MAX = 2 ** (PCM_BITS - 1) - 1
@@ -104,7 +104,7 @@ def wav_bytes(waveform: np.ndarray, rate: int) -> bytes:
 
 def write_wav(path: str | Path, waveform: np.ndarray, rate: int) -> Path:
     """Write `waveform` (channels, samples) as a 16-bit PCM WAV file, whole or not at all."""
-    from .store import write_bytes
+    from ditgate.run.store import write_bytes
 
     path = Path(path)
     write_bytes(path, wav_bytes(waveform, rate))

@@ -1,7 +1,7 @@
 """`ditgate inspect`: the anatomy of a diffusion pipeline, as the GATE CHECK needs it, and a draft plan.
 
 `inspect_model(model, ...)` loads a pipeline (a folder or `zoo:NAME`), runs it once for a few steps with hooks
-(`ditgate.anatomy_probe`), reads cache-dit's registries (`ditgate.cachedit_support`) and returns an `Anatomy`.
+(`ditgate.inspect.observe`), reads cache-dit's registries (`ditgate.inspect.support`) and returns an `Anatomy`.
 `analyse(pipe, call)` does the same for a pipeline object already in memory.
 
 JSON keys (`Anatomy.to_dict()`, printed by `ditgate inspect --json`):
@@ -51,8 +51,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .anatomy_probe import Probe, as_outputs, block_lists, is_attention_module, match_flows, tensor_summary
-from .errors import PipelineRunError
+from ditgate.inspect.observe import Probe, as_outputs, block_lists, is_attention_module, match_flows, tensor_summary
+from ditgate.core.errors import PipelineRunError
 
 RANKS = (2, 4, 8)
 DEFAULT_PROMPT = "a red cube on a wooden table"
@@ -845,7 +845,8 @@ def _warnings(anatomy: Anatomy) -> list[str]:
 def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int | None = None,
             dropped: list[str] | None = None) -> Anatomy:
     """The anatomy of `pipe`, observed by running `pipe(**call)` once (keep the call tiny)."""
-    from . import cachedit_support, draft_plan
+    from ditgate.inspect import support as cachedit_support
+    from ditgate.inspect import plan as draft_plan
 
     groups = classify_components(pipe)
     transformers = groups["transformers"]
@@ -907,8 +908,8 @@ def inspect_model(model: str, *, height: int | None = None, width: int | None = 
                   steps: int = 2, pipeline: str | None = None, trust_remote_code: bool = False,
                   dtype: str = "float32", device: str = "cpu") -> Anatomy:
     """Load `model` (a folder or `zoo:NAME`) with `ditgate.load` and return its anatomy."""
-    from . import zoo
-    from .loader import load, resolve
+    from ditgate import zoo
+    from ditgate.core.loader import load, resolve
 
     path = resolve(model)
     pipe = load(path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import DitgateError
+from ditgate.core.errors import DitgateError
 
 HOOKS = ("block_adapter", "cp_plan", "tp_plan")
 

@@ -10,7 +10,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DitgateError
+from ditgate.core.errors import DitgateError
 
 DEFAULT_PROMPT = "a red cube on a wooden table, studio light"
 
@@ -55,3 +55,12 @@ def call_kwargs(pipe, request: Request) -> dict[str, Any]:
     if dropped:
         raise DitgateError(f"{type(pipe).__name__} does not accept {', '.join(dropped)}")
     return kwargs
+
+
+def resolve_device(device: str) -> str:
+    """`device`, with "auto" resolved to cuda when a GPU is visible, else cpu."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

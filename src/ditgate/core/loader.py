@@ -4,7 +4,7 @@ The pipeline class comes from, in order: an explicit `pipeline="module:Class"`; 
 `model_index.json` names (a diffusers class, or a `[module, Class]` pair from an importable third-party package).
 Code shipped inside the model folder runs only with `trust_remote_code=True`. A package that `model_index.json`
 names and that ships in the repository's `examples/` folder (zoo:tinymm's `tinymm`) is put on `sys.path` first
-(`ditgate.examples`); that is ditgate's own code, not code from the model folder.
+(`ditgate.core.examples`); that is ditgate's own code, not code from the model folder.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import zoo
-from .examples import ensure_packages
-from .errors import ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
+from ditgate import zoo
+from ditgate.core.examples import ensure_packages
+from ditgate.core.errors import ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
 
 _BUILTIN_LIBRARIES = {None, "diffusers", "transformers"}
 _DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .paths import repo_root
+from ditgate.core.paths import repo_root
 
 
 def examples_dir() -> Path:

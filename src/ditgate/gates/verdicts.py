@@ -6,7 +6,7 @@ applies, in this order:
 2. image and video: the region rule (worst-tile SSIM on a `rules.region.grid` split) and the garbled rule
    (PSNR >= `psnr_at_least` while SSIM < `ssim_below`, per image or frame);
 3. audio: `rules.audio.checks`, each value replaced by the calibrated noise floor when `floor` gives one
-   (`ditgate.calibration.gate_floor` turns a measured floor into this argument as `rules.audio.calibration` says);
+   (`ditgate.gates.calibration.gate_floor` turns a measured floor into this argument as `rules.audio.calibration` says);
 4. latents (the modality "latent", or `latents=` given with another modality): the phase's latent checks, plus
    `rules.tensor.checks` when the phase is exact and `dtype` is one of `rules.tensor.dtypes`. Audio latents get
    the tensor rule in that case and `rules.audio.latent_checks` in every other, never the phase's latent checks;
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import GateConfigError, GateInputError, NonFiniteError
-from .paths import checklists_dir
+from ditgate.core.errors import GateConfigError, GateInputError, NonFiniteError
+from ditgate.core.paths import checklists_dir
 
 MODALITIES = ("image", "video", "audio", "latent")
 METRICS = {  # what `compare` returns per modality
@@ -105,7 +105,7 @@ def _region_grid(grid: int | None) -> int:
 
 def _measure(modality: str, baseline: Any, candidate: Any, sample_rate: int | None, grid: int):
     """(metrics, per-frame scores or None) of one modality."""
-    from . import metrics
+    from ditgate import metrics
 
     if modality in ("image", "video"):
         scores = metrics.score_frames(baseline, candidate, grid=grid)
@@ -290,7 +290,7 @@ def evaluate(phase: str, modality: str, baseline: Any, candidate: Any, *, latent
              noise: Any = None, dtype: str = "float32", sample_rate: int | None = None, floor: dict | None = None,
              gates: dict | None = None) -> Verdict:
     """Apply `phase`'s gate for `modality` to `candidate` against `baseline` (see the module docstring)."""
-    from .metrics import tensor_metrics
+    from ditgate.metrics import tensor_metrics
 
     gates = load_gates() if gates is None else validate_gates(gates)
     if phase not in gates["phases"]:

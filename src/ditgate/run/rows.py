@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import DitgateError
+from ditgate.core.errors import DitgateError
 
 PHASES = ("cache", "cp", "tp", "tep", "vaep", "hybrid", "quantization", "compile")
 # Parallel fields that are ditgate's own shorthand; every other key goes to cache_dit.ParallelismConfig as is.
@@ -38,7 +38,7 @@ class Row:
     cache: dict[str, Any] | None = None  # DBCacheConfig fields; plus mask: "alternate" | [1, 0, ...], taylorseer: order
     parallel: dict[str, Any] | None = None  # ulysses_size, ring_size, tp_size, text_encoder, vae, other ParallelismConfig fields
     vae_tiling: bool = False  # decode with vae.enable_tiling() (the reference of VAE-P)
-    perturb: float | str | None = None  # noise multiplied into every transformer output (see ditgate.calibration)
+    perturb: float | str | None = None  # noise multiplied into every transformer output (see ditgate.gates.calibration)
     description: str = ""
     compile: bool | dict[str, Any] = False  # torch.compile the transformer(s): True, or options (COMPILE_OPTIONS)
     quantize: dict[str, Any] | None = None  # cache_dit.QuantizeConfig fields, e.g. {"quant_type": "float8_per_row"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .rows import Row
+from ditgate.run.rows import Row
 
 
 @dataclass(frozen=True)

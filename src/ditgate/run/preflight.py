@@ -13,9 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
-from .errors import DitgateError
-from .request import Request
-from .rows import Row
+from ditgate.core.errors import DitgateError
+from ditgate.core.request import Request
+from ditgate.run.rows import Row
 
 # torch.compile modes that capture CUDA graphs
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -66,7 +66,7 @@ def tokens(row: Row, model_path: Path, request: Request) -> str | None:
     call = request.call
     if not (isinstance(call.get("height"), int) and isinstance(call.get("width"), int)):
         return None
-    from . import flops
+    from ditgate.inspect import flops
 
     try:
         src = flops.source(model_path)
@@ -84,7 +84,7 @@ def tokens(row: Row, model_path: Path, request: Request) -> str | None:
 def cache(row: Row, request: Request) -> str | None:
     if not row.cache:
         return None
-    from .execute import cache_config
+    from ditgate.run.execute import cache_config
 
     try:
         cache_config(row, request.steps)

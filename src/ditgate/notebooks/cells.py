@@ -19,75 +19,26 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import store
-from .errors import DitgateError
-from .paths import repo_root
+from ditgate.run import store
+from ditgate.core.errors import DitgateError
+from ditgate.notebooks.catalog import NOTEBOOKS, ROW_PHASE
+from ditgate.notebooks.catalog import GateFailed
 
 
-class GateFailed(DitgateError):
-    """A phase's gate failed; the message names each failing row and why."""
 
 
-class NotebookError(DitgateError):
-    """A notebook cannot be run as asked: unknown name, unknown or mistyped parameter, no Jupyter kernel."""
 
 
-@dataclass(frozen=True)
-class Notebook:
-    stem: str        # file name without .ipynb: "30_cp"
-    phase: str       # what it checks; its result is <out>/<phase>.json
-    title: str
-    kind: str        # "inspect", "rows", "final", "matrix": which cells it has
-    model: str = "zoo:flux"  # default of its `model` parameter
-    world_size: int = 2      # default of its `world_size` parameter (rows of more than one rank)
-    in_all: bool = True      # part of `ditgate notebook run all` (the integration route)
-
-    @property
-    def path(self) -> Path:
-        return notebooks_dir() / f"{self.stem}.ipynb"
 
 
-NOTEBOOKS: tuple[Notebook, ...] = (
-    Notebook("00_inspect", "inspect", "Inspect: the model's anatomy and a draft plan", "inspect"),
-    Notebook("10_baseline", "baseline", "Baseline: the single-process reference", "rows"),
-    Notebook("20_cache", "cache", "Cache (DBCache)", "rows"),
-    Notebook("30_cp", "cp", "Context parallelism (Ulysses, ring, cache + Ulysses)", "rows"),
-    Notebook("40_tp", "tp", "Tensor parallelism", "rows"),
-    Notebook("50_tep", "tep", "Text-encoder parallelism", "rows"),
-    Notebook("60_vaep", "vaep", "VAE parallelism", "rows"),
-    Notebook("70_final", "final", "Final: hybrid CP x TP and the results table", "final", world_size=4),
-    Notebook("80_perf_matrix", "perf_matrix", "Perf matrix: acceptance benchmark of a supported model", "matrix",
-             in_all=False),
-    Notebook("90_audio", "audio", "Audio route: cache on an audio model, gated against its noise floor", "rows",
-             model="zoo:stable-audio", in_all=False),
-)
-# What the rows of a notebook check, when it is not a phase of `ditgate run`'s rows by itself.
-ROW_PHASE = {"final": "hybrid", "audio": "cache"}
 
 
-def notebooks_dir() -> Path:
-    return repo_root() / "notebooks"
 
 
-def find(names: str) -> list[Notebook]:
-    """Notebooks named in `names`: "all" (the integration route, 00-70), or a comma-separated list of phases
-    ("cp") or file stems ("30_cp"). Order follows NOTEBOOKS."""
-    wanted = [n.strip() for n in names.split(",") if n.strip()]
-    if wanted == ["all"]:
-        return [nb for nb in NOTEBOOKS if nb.in_all]
-    known = {key: nb for nb in NOTEBOOKS for key in (nb.phase, nb.stem)}
-    unknown = [n for n in wanted if n not in known]
-    if unknown or not wanted:
-        raise NotebookError(f"unknown notebook(s) {', '.join(unknown) or '(none given)'}; use all, or any of: "
-                            + ", ".join(nb.phase for nb in NOTEBOOKS))
-    chosen = {known[n].stem for n in wanted}
-    return [nb for nb in NOTEBOOKS if nb.stem in chosen]
 
 
 # ----------------------------------------------------------------------------------------- what the cells call
@@ -97,7 +48,7 @@ def results_dir(out: str, model: str) -> Path:
     """The folder of the phase results: `out`, or a new one under runs/ named after the model."""
     if out:
         return Path(out)
-    from .runner import default_out
+    from ditgate.run.runner import default_out
 
     folder = default_out(model)
     return folder.with_name(f"notebooks-{folder.name}")
@@ -123,7 +74,7 @@ def _scaled(row, world_size: int):
 def phase_rows(phase: str, world_size: int = 2) -> list:
     """The rows a phase's notebook runs (baselines added): the default rows of `ditgate run` whose phase it is,
     their parallel sizes set to `world_size`."""
-    from . import rows
+    from ditgate.run import rows
 
     if world_size < 2:
         raise DitgateError(f"world_size must be at least 2, got {world_size}")
@@ -137,7 +88,8 @@ def phase_rows(phase: str, world_size: int = 2) -> list:
 
 
 def _request(model_path: Path, height: int, width: int, frames: int, steps: int):
-    from . import request, zoo
+    from ditgate import zoo
+    from ditgate.core import request
 
     return request.build(zoo.read_meta(model_path), height=height or None, width=width or None,
                          frames=frames or None, steps=steps or None)
@@ -148,11 +100,11 @@ def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_si
               device: str = "auto", gates: str = "", timeout: float = 600.0, resume: bool = False,
               progress: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Run the phase's rows (or the named `rows` of `ditgate run`) in `out_dir/<phase>`; returns the report."""
-    from . import rows as rows_mod
-    from .commands.run import resolve_device
-    from .gates import load_gates
-    from .loader import resolve
-    from .runner import RunConfig, run
+    from ditgate.run import rows as rows_mod
+    from ditgate.core.request import resolve_device
+    from ditgate.gates.verdicts import load_gates
+    from ditgate.core.loader import resolve
+    from ditgate.run.runner import RunConfig, run
 
     if gates:
         load_gates(gates)  # a broken table fails now, not after every row has run
@@ -170,8 +122,8 @@ def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_si
 def inspect(model: str, out_dir: Path, *, height: int = 0, width: int = 0, frames: int = 0, steps: int = 0,
             dtype: str = "float32", device: str = "auto"):
     """`ditgate inspect`: the anatomy; the draft plan is written to `out_dir/plan.md`."""
-    from .anatomy import inspect_model, write_text_atomic
-    from .commands.run import resolve_device
+    from ditgate.inspect.anatomy import inspect_model, write_text_atomic
+    from ditgate.core.request import resolve_device
 
     anatomy = inspect_model(model, height=height or None, width=width or None, frames=frames or None,
                             steps=steps or 2, dtype=dtype, device=resolve_device(device))
@@ -186,7 +138,7 @@ def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", he
     import argparse
 
     try:
-        from .commands import matrix
+        from ditgate.commands import matrix
     except ImportError:
         raise DitgateError("`ditgate matrix` is not part of this installation of ditgate") from None
     argv = [model, "--tier", tier, "--out", str(Path(out_dir) / "perf_matrix"), "--dtype", dtype, "--device", device,
@@ -214,7 +166,7 @@ def show(data: Any) -> None:
     from IPython.display import Audio, Image, Markdown, display
 
     if hasattr(data, "block_lists"):  # an Anatomy
-        from .commands.inspect import render
+        from ditgate.commands.inspect import render
 
         display(Markdown(f"```text\n{render(data)}\n```"))
         return
@@ -305,7 +257,7 @@ def collect(out_dir: Path) -> dict[str, dict[str, Any]]:
 
 def results_table(out_dir: Path, report: dict[str, Any] | None = None) -> str:
     """Markdown: every gated row of the phase results in `out_dir`, then `report`'s rows; each row once."""
-    from .report import fmt
+    from ditgate.run.report import fmt
 
     lines = ["| phase | row | ranks | latency (s) | speedup | PSNR (dB) | SSIM | max-abs (latents) | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -340,127 +292,17 @@ def show_results(out_dir: Path, report: dict[str, Any] | None = None) -> str:
 # ------------------------------------------------------------------------------------- running with papermill
 
 
-def choose_kernel(requested: str | None, available: dict[str, str] | None = None) -> str:
-    """`requested`, else "ditgate", else "python3": the first installed Jupyter kernel; a clear error if none is."""
-    if available is None:
-        from jupyter_client.kernelspec import KernelSpecManager
-
-        available = KernelSpecManager().find_kernel_specs()
-    install = "python -m ipykernel install --sys-prefix --name ditgate"
-    if requested:
-        if requested not in available:
-            raise NotebookError(f"no Jupyter kernel named {requested!r}; installed: "
-                                f"{', '.join(sorted(available)) or 'none'}")
-        return requested
-    for name in ("ditgate", "python3"):
-        if name in available:
-            return name
-    raise NotebookError(f"neither a 'ditgate' nor a 'python3' Jupyter kernel is installed; install one with `{install}`"
-                        " (scripts/setup.sh does)")
 
 
-def parameters(nb: Notebook) -> dict[str, dict[str, Any]]:
-    """The notebook's parameters as papermill reads them: name -> {inferred_type_name, default, help}."""
-    import papermill
-
-    return papermill.inspect_notebook(str(nb.path))
 
 
-def _typed(name: str, text: str, type_name: str) -> Any:
-    try:
-        if type_name == "int":
-            return int(text)
-        if type_name == "float":
-            return float(text)
-        if type_name == "bool":
-            lowered = text.strip().lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-    except ValueError:
-        raise NotebookError(f"parameter {name} takes {type_name}, got {text!r}") from None
-    return text
 
 
-def notebook_parameters(nb: Notebook, given: dict[str, str]) -> dict[str, Any]:
-    """The `given` values (strings) that `nb` declares, converted to the declared types."""
-    declared = parameters(nb)
-    return {k: _typed(k, v, declared[k]["inferred_type_name"]) for k, v in given.items() if k in declared}
 
 
-@dataclass
-class Outcome:
-    notebook: str
-    status: str            # passed, failed (the gate), error (anything else), not run
-    seconds: float | None = None
-    reason: str = ""
-    output: str | None = None
-    result: str | None = None  # path of <phase>.json, when written
 
 
-def failure(path: Path) -> tuple[str, str] | None:
-    """(exception name, message) of the first error output of an executed notebook; None when there is none."""
-    import nbformat
-
-    notebook = nbformat.read(str(path), as_version=4)
-    for cell in notebook.cells:
-        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
-            if output.get("output_type") == "error":
-                return output.get("ename", ""), output.get("evalue", "")
-    return None
 
 
-def run_notebooks(notebooks: list[Notebook], out_dir: Path, given: dict[str, str], *, kernel: str | None = None,
-                  keep_going: bool = False, progress: Callable[[str], None] | None = None) -> list[Outcome]:
-    """Execute `notebooks` in order with papermill into `out_dir`; `given` (name -> text) are parameters, passed
-    to the notebooks that declare them. Stops at the first failure unless `keep_going`."""
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
-    progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    kernel_name = choose_kernel(kernel)
-    unknown = set(given) - {k for nb in notebooks for k in parameters(nb)}
-    if unknown:
-        raise NotebookError(f"no selected notebook takes parameter(s) {', '.join(sorted(unknown))}")
-    values = [notebook_parameters(nb, given) for nb in notebooks]  # every conversion error before anything runs
-    out_dir = Path(out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    outcomes: list[Outcome] = []
-    stop = False
-    for nb, params in zip(notebooks, values):
-        if stop:
-            outcomes.append(Outcome(nb.stem, "not run", reason="an earlier notebook failed"))
-            continue
-        output, result = out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.phase}.json"
-        result.unlink(missing_ok=True)  # a result left by an earlier run must not stand for this one
-        progress(f"{nb.stem}: running with kernel {kernel_name} -> {output}")
-        start = time.perf_counter()
-        try:
-            papermill.execute_notebook(str(nb.path), str(output), parameters={**params, "out": str(out_dir)},
-                                       kernel_name=kernel_name, progress_bar=False)
-            status, reason = "passed", ""
-        except PapermillExecutionError as exc:
-            ename, evalue = failure(output) or (exc.ename, exc.evalue)
-            status, reason = ("failed" if ename == GateFailed.__name__ else "error"), f"{ename}: {evalue}"
-        except Exception as exc:  # noqa: BLE001 - the kernel died or could not start: recorded, the run goes on
-            status, reason = "error", f"{type(exc).__name__}: {exc}"
-        outcome = Outcome(nb.stem, status, round(time.perf_counter() - start, 1), reason, str(output),
-                          str(result) if result.is_file() else None)
-        outcomes.append(outcome)
-        progress(f"{nb.stem}: {status} in {outcome.seconds:.1f} s")
-        stop = status != "passed" and not keep_going
-    store.write_json(out_dir / "notebooks.json", {"kernel": kernel_name, "parameters": given,
-                                                  "notebooks": [asdict(o) for o in outcomes]})
-    return outcomes
 
 
-def summary(outcomes: list[Outcome], width: int = 160) -> str:
-    """The summary table: notebook, status, seconds, the reason of a failure (first line, shortened)."""
-    rows = [(o.notebook, o.status.upper(), "–" if o.seconds is None else f"{o.seconds:.1f}",
-             (o.reason.splitlines() or [""])[0][:width]) for o in outcomes]
-    headers = ("notebook", "status", "seconds", "reason")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)]) + "\n"

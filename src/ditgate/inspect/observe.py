@@ -4,7 +4,7 @@
 block ModuleLists and on its attention modules, plus a `TorchFunctionMode` that sees every
 `scaled_dot_product_attention` call (however the processor reaches it). It keeps references only where a
 comparison needs them (block 0's inputs and outputs, the previous block's outputs) and only during the first call of
-each transformer; later calls are just counted. Nothing here decides anything: `ditgate.anatomy` reads the record.
+each transformer; later calls are just counted. Nothing here decides anything: `ditgate.inspect.anatomy` reads the record.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import DitgateError
-from .request import Request
-from .rows import DEFAULT_CACHE, Row
+from ditgate.core.errors import DitgateError
+from ditgate.core.request import Request
+from ditgate.run.rows import DEFAULT_CACHE, Row
 
 EXACT_PHASE = "cp"  # the gate used for "equals the baseline": an exact phase (image gate + float32 tensor rule)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
@@ -64,14 +64,14 @@ class Context:
         if self.integration_path is None:
             return None
         if self._integration is None:
-            from . import plugin
+            from ditgate.core import plugin
 
             self._integration = plugin.load(self.integration_path)
         return self._integration
 
     def pipe(self):
         if self._pipe is None:
-            from .loader import load
+            from ditgate.core.loader import load
 
             self._pipe = load(self.model_path, dtype=self.dtype, device=self.device, pipeline=self.pipeline,
                               trust_remote_code=self.trust_remote_code)
@@ -219,7 +219,7 @@ def _no_adapter(ctx: Context) -> Outcome:
 # ------------------------------------------------------------------------------------------------ checks
 def integration_provides(ctx: Context, args: dict[str, Any]) -> Outcome:
     hook = args["hook"]
-    from .plugin import PluginError
+    from ditgate.core.plugin import PluginError
 
     try:
         integration = ctx.integration()
@@ -319,7 +319,7 @@ def cp_plan_consistent(ctx: Context, args: dict[str, Any]) -> Outcome:
     import cache_dit
     from cache_dit.distributed.core import _ContextParallelInput, _ContextParallelOutput
 
-    from .probes import transformers_of
+    from ditgate.core.components import transformers_of
 
     pipe = ctx.pipe()
     t_name, transformer = next(iter(transformers_of(pipe).items()))
@@ -406,8 +406,8 @@ def model_contract(ctx: Context, args: dict[str, Any]) -> Outcome:
     from cache_dit.distributed.core._diffusers_bridge import get_diffusers_attention_classes
     from diffusers import DiffusionPipeline, ModelMixin
 
-    from .anatomy_probe import is_attention_module
-    from .probes import block_lists, transformers_of
+    from ditgate.inspect.observe import is_attention_module
+    from ditgate.core.components import block_lists, transformers_of
 
     pipe = ctx.pipe()
     problems, notes = [], []
@@ -481,8 +481,8 @@ def _rerun_row(ctx: Context, args: dict[str, Any]) -> list[Row]:
 
 
 def _equals_baseline(ctx: Context, name: str, what: str) -> Outcome:
-    from . import store
-    from .gates import evaluate, format_value
+    from ditgate.run import store
+    from ditgate.gates.verdicts import evaluate, format_value
 
     base, cand = ctx.row("baseline"), ctx.row(name)
     if base is None or base["status"] != "reference":

@@ -1,4 +1,4 @@
-"""Entry point of one torchrun worker group: `python -m torch.distributed.run ... -m ditgate.worker JOB.json`.
+"""Entry point of one torchrun worker group: `python -m torch.distributed.run ... -m ditgate.run.worker JOB.json`.
 
 Every rank loads the model, applies each row of the job in turn and generates; rank 0 stores the outputs. Each rank
 keeps a status file (row and stage, refreshed at every stage) so the launcher can tell a hung rank from a slow one,
@@ -14,7 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .store import write_json
+from ditgate.run.store import write_json
 
 
 def status_path(group_dir: Path, rank: int) -> Path:
@@ -42,7 +42,11 @@ def main(job_file: str) -> int:
         import torch
         import torch.distributed as dist
 
-        from . import compat, execute, plugin, request, rows
+        from ditgate.run import compat
+        from ditgate.run import execute
+        from ditgate.core import plugin
+        from ditgate.core import request
+        from ditgate.run import rows
 
         stage("init-process-group")
         on_cuda = job["device"].startswith("cuda")

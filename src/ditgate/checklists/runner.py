@@ -5,7 +5,7 @@ Each item is checked one of four ways:
 
 - `row`: a row of the phase runner (`ditgate run`) passes: its gate holds and its feature proved it acted;
 - `inspect`: a fact of the model's anatomy (`ditgate inspect MODEL --json`) meets an expectation;
-- `named`: a check of the registry in `ditgate.named_checks`;
+- `named`: a check of the registry in `ditgate.checklists.named`;
 - `manual`: checked by hand; the item says what evidence to record.
 
 `run_checklists` runs every automated item of one or more checklists with one inspect pass and ONE runner call
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import DitgateError
-from .named_checks import CHECKS, Context, NamedCheck, Outcome
-from .paths import checklists_dir, repo_root
+from ditgate.core.errors import DitgateError
+from ditgate.checklists.named import CHECKS, Context, NamedCheck, Outcome
+from ditgate.core.paths import checklists_dir, repo_root
 
 SCHEMA_FILE = "checklist.schema.json"
 INSPECT_STEPS = 2  # denoising steps of the observed run, as `ditgate inspect` does by default
@@ -138,7 +138,7 @@ def _schema_problems(path: Path, data: Any) -> tuple[list[str], set[int | None]]
 
 
 def _known_rows() -> set[str]:
-    from .rows import DEFAULT_ROWS, REFERENCE_ROWS
+    from ditgate.run.rows import DEFAULT_ROWS, REFERENCE_ROWS
 
     return {r.name for r in DEFAULT_ROWS} | set(REFERENCE_ROWS)
 
@@ -154,8 +154,8 @@ def _unwrap(hint: Any) -> Any:
 def fact_problem(fact: str) -> str | None:
     """Why `fact` is no path into the inspect JSON (`Anatomy.to_dict()`), or None when it is one."""
     try:
-        from .anatomy import Anatomy
-        from .cachedit_support import Support
+        from ditgate.inspect.anatomy import Anatomy
+        from ditgate.inspect.support import Support
     except ImportError as exc:
         return f"ditgate inspect is not available here ({exc})"
     overrides = {(Anatomy, "cache_dit"): Support}  # a plain dict in Anatomy, built from Support.to_dict()
@@ -186,7 +186,7 @@ def fact_problem(fact: str) -> str | None:
 
 def _anchors(rel: str, cache: dict[str, set[str] | None]) -> set[str] | None:
     if rel not in cache:
-        from .skill.markdown import parse
+        from ditgate.skill.markdown import parse
 
         root = repo_root()
         cache[rel] = parse(root / rel, root).anchors() if (root / rel).is_file() else None
@@ -357,7 +357,7 @@ def check_fact(anatomy: dict[str, Any], fact: str, expect: Any) -> Outcome:
 @dataclass
 class RunOptions:
     model: str
-    request: Any  # ditgate.request.Request
+    request: Any  # ditgate.core.request.Request
     dtype: str = "float32"
     device: str = "cpu"
     integration: Path | None = None
@@ -370,7 +370,7 @@ class RunOptions:
 
 
 def _row_outcome(row: dict[str, Any] | None, name: str) -> Outcome:
-    from .gates import format_value
+    from ditgate.gates.verdicts import format_value
 
     if row is None:
         return Outcome("error", f"the row {name} is not in the run")
@@ -394,7 +394,7 @@ def _guard(fn: Callable[[], Outcome]) -> Outcome:
 
 
 def _isolated(ctx: Context, fn: Callable[[], Outcome]) -> Outcome:
-    from .isolation import ClassSnapshot
+    from ditgate.run.isolation import ClassSnapshot
 
     snapshot = ClassSnapshot.of(ctx.pipe())
     try:
@@ -408,8 +408,8 @@ def _check_of(item: Item) -> NamedCheck:
 
 
 def _anatomy(ctx: Context, opts: RunOptions) -> dict[str, Any]:
-    from . import zoo
-    from .anatomy import analyse, build_call
+    from ditgate import zoo
+    from ditgate.inspect.anatomy import analyse, build_call
 
     call = opts.request.call
     pipe = ctx.pipe()
@@ -419,7 +419,7 @@ def _anatomy(ctx: Context, opts: RunOptions) -> dict[str, Any]:
 
 
 def _fresh_folder(opts: RunOptions) -> Path:
-    from .runner import default_out
+    from ditgate.run.runner import default_out
 
     run_dir = Path(opts.out) if opts.out else default_out(opts.model)
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -449,7 +449,7 @@ class _Session:
 
     def inspect(self) -> None:
         """The anatomy, once, on a pipeline nothing has touched (after the integration file registered planners)."""
-        from .plugin import PluginError
+        from ditgate.core.plugin import PluginError
 
         if not any(_needs_anatomy(i) for c, i in self.items):
             return
@@ -483,8 +483,8 @@ class _Session:
 
     def run_rows(self, run_dir: Path) -> None:
         """ONE runner call: every row item, plus the rows that named checks are judged on."""
-        from .rows import BASELINE, DEFAULT_ROWS, select
-        from .runner import RunConfig, copy_finished_rows, run
+        from ditgate.run.rows import BASELINE, DEFAULT_ROWS, select
+        from ditgate.run.runner import RunConfig, copy_finished_rows, run
 
         wanted = list(dict.fromkeys(i.check["row"] for c, i in self.items if i.kind == "row"))
         extra = {}
@@ -521,12 +521,12 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     Order: inspect; named checks that only read the pipeline (on the inspected copy); the runner; named checks
     judged on its rows; named checks that change a pipeline (each on a fresh load).
     """
-    from .loader import resolve
-    from .runner import _versions
+    from ditgate.core.loader import resolve
+    from ditgate.run.runner import _versions
 
     run_dir = _fresh_folder(opts)
     if opts.from_run is not None:  # refuse a run of another model or request now, not after the inspection
-        from .runner import RunConfig, check_resumable
+        from ditgate.run.runner import RunConfig, check_resumable
 
         check_resumable(Path(opts.from_run), RunConfig(model=opts.model, rows=[], request=opts.request,
                                                        dtype=opts.dtype, device=opts.device,
@@ -573,7 +573,7 @@ def write_filled(filled: dict[str, Any]) -> Path:
     """Write a filled-in copy as `<run_dir>/checklist-<name>.yaml` (temporary file, then rename)."""
     import yaml
 
-    from .store import write_text
+    from ditgate.run.store import write_text
 
     path = Path(filled["run"]["run_dir"]) / f"checklist-{filled['name']}.yaml"
     write_text(path, yaml.safe_dump(filled, sort_keys=False, allow_unicode=True, width=120))

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import store
-from .errors import DitgateError
-from .request import Request
-from .rows import Row
+from ditgate.run import store
+from ditgate.core.errors import DitgateError
+from ditgate.core.request import Request
+from ditgate.run.rows import Row
 
 
 # What to look at first when a row of a phase raises instead of producing an output.
@@ -152,18 +152,18 @@ def _done(run_dir: Path, row: Row, resume: bool) -> dict[str, Any] | None:
 
 
 def preflight(cfg: RunConfig, model_path: Path, row: Row) -> str | None:
-    """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.preflight)."""
-    from . import preflight as checks
+    """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.run.preflight)."""
+    from ditgate.run import preflight as checks
 
     return checks.why_not(row, model_path=model_path, request=cfg.request, device=cfg.device)
 
 
 class Runner:
     def __init__(self, cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None):
-        from .loader import resolve
+        from ditgate.core.loader import resolve
 
         self.cfg = cfg
-        self.profile = profile  # ditgate.flops.Profile at the request's size; counted when the report needs it
+        self.profile = profile  # ditgate.inspect.flops.Profile at the request's size; counted when the report needs it
         self.model_path = resolve(cfg.model)
         self.run_dir = _prepare_folder(cfg, self.model_path)
         self.states = {row.name: RowState(row) for row in cfg.rows}
@@ -186,7 +186,7 @@ class Runner:
         self._announce(state)
 
     def _error(self, row: Row, message: str, **extra: Any) -> None:
-        from .execute import save_error
+        from ditgate.run.execute import save_error
 
         self._record(self.states[row.name], save_error(self.run_dir, row, {"message": message, **extra}))
 
@@ -210,8 +210,8 @@ class Runner:
         return self.finish()
 
     def _calibrate(self) -> None:
-        """Run the calibration row when a gated audio row ran and the run has none yet (see ditgate.calibration)."""
-        from .rows import CALIBRATION
+        """Run the calibration row when a gated audio row ran and the run has none yet (see ditgate.gates.calibration)."""
+        from ditgate.run.rows import CALIBRATION
 
         if CALIBRATION.name in self.states or not any(
                 s.ran and s.row.phase and s.result.get("modality") == "audio" for s in self.states.values()):
@@ -224,8 +224,8 @@ class Runner:
             self._run_in_process(CALIBRATION)
 
     def _run_in_process(self, row: Row) -> None:
-        from . import plugin
-        from .execute import run_row, save_outcome
+        from ditgate.core import plugin
+        from ditgate.run.execute import run_row, save_outcome
 
         try:
             outcome = run_row(row, self.model_path, self.cfg.request, dtype=self.cfg.dtype, device=self.cfg.device,
@@ -238,7 +238,7 @@ class Runner:
         self._record(self.states[row.name], save_outcome(self.run_dir, row, outcome))
 
     def _run_group(self, rows: list[Row], size: int) -> None:
-        from .launch import run_group
+        from ditgate.run.launch import run_group
 
         remaining = list(rows)
         attempt = 0
@@ -289,7 +289,7 @@ class Runner:
 
     # -- judging and reporting -------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
-        from . import report
+        from ditgate.run import report
 
         for state in self.states.values():
             self._judge(state)
@@ -297,7 +297,7 @@ class Runner:
         note = None
         if self.profile is None and any(s.ran and (s.row.cache or s.row.world_size > 1)
                                         for s in self.states.values()):
-            from .perf import profile_for
+            from ditgate.perf.matrix.matrix import profile_for
 
             self.profile, note = profile_for(self.model_path, self.cfg.request, self.cfg.dtype)
         return report.write(self.run_dir, self.cfg, list(self.states.values()),
@@ -305,8 +305,8 @@ class Runner:
                             profile_note=note)
 
     def _judge(self, state: RowState) -> None:
-        from . import proofs
-        from .gates import evaluate, json_ready
+        from ditgate.run import proofs
+        from ditgate.gates.verdicts import evaluate, json_ready
 
         row = state.row
         if row.phase is None or not state.ran:
@@ -338,7 +338,7 @@ class Runner:
     def _gates(self) -> dict | None:
         """The run's own gate table (`gates=`), read once; None: gates.json."""
         if self.cfg.gates and not hasattr(self, "_gate_table"):
-            from .gates import load_gates
+            from ditgate.gates.verdicts import load_gates
 
             self._gate_table = load_gates(self.cfg.gates)
         return getattr(self, "_gate_table", None)
@@ -346,9 +346,9 @@ class Runner:
     def _audio_floor(self) -> dict[str, Any]:
         """The noise floor for audio rows: what the calibration row measured against the baseline, and the part of
         it the gate uses (`used`, the `floor=` of gates.evaluate; None: the defaults of gates.json)."""
-        from .calibration import gate_floor
-        from .metrics import audio_metrics, tensor_metrics
-        from .rows import BASELINE, CALIBRATION
+        from ditgate.gates.calibration import gate_floor
+        from ditgate.metrics import audio_metrics, tensor_metrics
+        from ditgate.run.rows import BASELINE, CALIBRATION
 
         calib, base = self.states.get(CALIBRATION.name), self.states.get(BASELINE.name)
         if calib is None or base is None or not (calib.ran and base.ran) or any(
@@ -366,7 +366,7 @@ class Runner:
 
 
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None) -> dict[str, Any]:
-    """Run every row of `cfg` and write the report; returns the report (see ditgate.report).
+    """Run every row of `cfg` and write the report; returns the report (see ditgate.run.report).
 
     `profile`: the FLOP profile at the request's size when the caller has one (else counted when needed)."""
     return Runner(cfg, progress, profile).run()

@@ -1,10 +1,10 @@
 """Acceptance benchmarking: the perf matrix of a model cache-dit supports, and speedup predictions.
 
-The matrix is a set of rows run by the phase runner (`ditgate.runner`) against one baseline: cache presets with and
+The matrix is a set of rows run by the phase runner (`ditgate.run.runner`) against one baseline: cache presets with and
 without TaylorSeer, torch.compile, quantization, context and tensor parallelism and their hybrids. Each row gets its
 median latency, speedup, PSNR/SSIM against the baseline under its phase's gate, peak memory and a verdict.
 
-Predictions come from a FLOP count of the transformer at the run's size (`ditgate.flops`) and from what the probes
+Predictions come from a FLOP count of the transformer at the run's size (`ditgate.inspect.flops`) and from what the probes
 measured (the transformer's share of the baseline's time, the calls a cached row skipped):
 
     transformer speedup  S = calls x F(1) / (computed x F(ranks) + cached x F_always(ranks))
@@ -21,8 +21,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .errors import DitgateError
-from .rows import BASELINE, Row
+from ditgate.core.errors import DitgateError
+from ditgate.run.rows import BASELINE, Row
 
 # A speedup below this fraction of its prediction is "far below". Measured efficiencies of sound rows lie above it:
 # a static cache schedule on one H200 reaches 0.97-0.98 of its ideal (research anchor), and published Ulysses-2
@@ -121,7 +121,7 @@ def max_fn(profile) -> int | None:
 
 def profile_for(model_path: Path, request, dtype: str):
     """The FLOP profile at the request's size, or (None, why not)."""
-    from . import flops
+    from ditgate.inspect import flops
 
     call = request.call
     if not (isinstance(call.get("height"), int) and isinstance(call.get("width"), int)):
@@ -232,7 +232,7 @@ def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
 
 
 def markdown(data: dict[str, Any]) -> str:
-    from .report import fmt, size_text
+    from ditgate.run.report import fmt, size_text
 
     call = data["request"]["call"]
     size = size_text(call)
@@ -333,7 +333,7 @@ def plot(data: dict[str, Any], path: Path, gates: dict[str, float] | None = None
 
 def gate_lines(modality: str = "image") -> dict[str, float]:
     """PSNR thresholds to draw: the lossy (cache) gate and the exact (cp) gate of gates.json."""
-    from .gates import load_gates
+    from ditgate.gates.verdicts import load_gates
 
     phases = load_gates()["phases"]
     lines = {}
@@ -346,7 +346,7 @@ def gate_lines(modality: str = "image") -> dict[str, float]:
 
 
 def write(run_dir: Path, data: dict[str, Any]) -> None:
-    from . import store
+    from ditgate.run import store
 
     modality = next((r.get("modality") for r in data.get("rows", []) if r.get("modality")), "image")
     picture = plot(data, run_dir / "speedup_vs_psnr.png", gate_lines(modality if modality != "audio" else "image"))

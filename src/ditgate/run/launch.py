@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .store import write_json
-from .worker import error_path, status_path
+from ditgate.run.store import write_json
+from ditgate.run.worker import error_path, status_path
 
 
 @dataclass
@@ -64,7 +64,7 @@ def _read_all(group_dir: Path, world_size: int, path_of) -> list[dict[str, Any]]
 
 def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
               on_poll: Callable[[], None] | None = None, poll: float = 0.5) -> GroupOutcome:
-    """Run `job` (see ditgate.worker) on `world_size` ranks and wait for it."""
+    """Run `job` (see ditgate.run.worker) on `world_size` ranks and wait for it."""
     group_dir = Path(job["group_dir"])
     group_dir.mkdir(parents=True, exist_ok=True)
     for old in list(group_dir.glob("rank*.json")):
@@ -75,7 +75,7 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
     env = dict(os.environ, CACHE_DIT_LOG_LEVEL=os.environ.get("CACHE_DIT_LOG_LEVEL", "warning"),
                PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-           "-m", "ditgate.worker", str(job_file)]
+           "-m", "ditgate.run.worker", str(job_file)]
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         last_change, last_seen, timed_out = time.monotonic(), None, False

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__, store
-from .gates import format_value, json_ready
-from .paths import checklists_dir
+from ditgate import __version__
+from ditgate.run import store
+from ditgate.gates.verdicts import format_value, json_ready
+from ditgate.core.paths import checklists_dir
 
 AMPLIFY = 10.0
 SCHEMA = "report.schema.json"
@@ -29,7 +30,7 @@ def _status(state) -> str:
 
 
 def _row_record(state, base, profile) -> dict[str, Any]:
-    from . import perf
+    from ditgate.perf.matrix import matrix as perf
 
     result = state.result or {}
     baseline_latency = (base.result or {}).get("latency_s") if base else None
@@ -64,8 +65,8 @@ def _row_record(state, base, profile) -> dict[str, Any]:
 
 def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
           profile_note: str | None = None) -> dict[str, Any]:
-    """The report of `states`; `profile` (ditgate.flops.Profile) adds speedup predictions."""
-    from . import perf
+    """The report of `states`; `profile` (ditgate.inspect.flops.Profile) adds speedup predictions."""
+    from ditgate.perf.matrix import matrix as perf
 
     base = next((s for s in states if s.row.name == "baseline"), None)
     rows = [_row_record(s, base, profile) for s in states]
@@ -154,7 +155,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"- {name} / {p['feature']}: {'ok' if p['passed'] else 'FAILED'} — {p['detail']}" for name, p in proofs]
     slow = [r for r in report["rows"] if (r.get("prediction") or {}).get("far_below")]
     if slow:
-        from .perf import FAR_BELOW
+        from ditgate.perf.matrix.matrix import FAR_BELOW
 
         lines += ["", f"## Speedups far below the prediction (under {FAR_BELOW:g} of it)", ""]
         lines += [f"- {r['name']}: {r['speedup']:.2f}x measured, {r['prediction']['predicted']:.2f}x predicted"
