@@ -26,7 +26,7 @@ DIRECT = """
 import sys
 from pathlib import Path
 from ditgate import zoo
-from ditgate.notebooks import cells as notebooks
+from ditgate import notebooks
 from ditgate.core.loader import resolve
 from ditgate.core.request import build
 from ditgate.run.runner import RunConfig, run
@@ -51,7 +51,7 @@ def main() -> int:
     parser.add_argument("--kernel", default="ditgate")
     args = parser.parse_args()
     from ditgate import zoo
-    from ditgate.notebooks import cells as notebooks
+    from ditgate import notebooks
 
     zoo.materialize(args.model) if args.model.startswith("zoo:") else None  # built once, outside the timings
     nb = notebooks.find(args.phase)[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import nbformat
 
-from ditgate.notebooks.cells import NOTEBOOKS, Notebook, notebooks_dir
+from ditgate.notebooks import NOTEBOOKS, Notebook, notebooks_dir
 
 # name: (type, default or None for the notebook's own, help). Order is the order in the parameters cell.
 PARAMETERS = {

@@ -14,7 +14,7 @@ import ditgate
 from ditgate import zoo
 from ditgate.run import audio
 from ditgate.gates import calibration
-from ditgate.gates import verdicts as gates
+from ditgate import gates
 from ditgate.core import request
 from ditgate.run import rows
 from ditgate.run.execute import run_row

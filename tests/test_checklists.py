@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ditgate.checklists import runner as checklists
-from ditgate.checklists.runner import ChecklistError, check_fact, expect_holds, fact_values
+from ditgate import checklists
+from ditgate.checklists import ChecklistError, check_fact, expect_holds, fact_values
 from ditgate.checklists.named import CHECKS
 from ditgate.core.paths import checklists_dir, repo_root
 from ditgate.skill.markdown import parse
@@ -233,7 +233,7 @@ def test_gate_check_and_cli_checklists_pass_on_flux(tmp_path, run_cli):
 def _context(model_path, **kwargs):
     from ditgate import zoo
     from ditgate.core import request
-    from ditgate.checklists.named import Context
+    from ditgate.checklists.context import Context
 
     return Context(model="test", model_path=model_path, request=request.build(zoo.read_meta(model_path)), **kwargs)
 

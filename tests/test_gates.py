@@ -8,7 +8,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from ditgate.gates import verdicts as gates
+from ditgate import gates
 from ditgate.core.errors import GateConfigError, GateInputError, MetricInputError, NonFiniteError
 
 ROOT_GATES = gates.DEFAULT_GATES

@@ -23,9 +23,9 @@ import papermill
 import pytest
 
 from ditgate import zoo
-from ditgate.notebooks import cells as notebooks
+from ditgate import notebooks
 from ditgate.run import rows
-from ditgate.notebooks.cells import NOTEBOOKS, NotebookError
+from ditgate.notebooks import NOTEBOOKS, NotebookError
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).parent / "plugins"

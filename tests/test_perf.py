@@ -7,11 +7,11 @@ import jsonschema
 import pytest
 
 from ditgate import zoo
-from ditgate.perf.matrix import matrix as perf
+from ditgate.perf import matrix as perf
 from ditgate.run import preflight
 from ditgate.core import request
 from ditgate.run import rows
-from ditgate.commands.matrix import tier_refusal
+from ditgate.perf.acceptance import tier_refusal
 from ditgate.core.paths import checklists_dir
 
 

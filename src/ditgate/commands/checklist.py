@@ -44,7 +44,7 @@ def _names(phase: str | None) -> list[str] | None:
 
 
 def _validate(phase: str | None) -> int:
-    from ditgate.checklists.runner import validate_all
+    from ditgate.checklists import validate_all
 
     for checklist in validate_all(_names(phase)):
         automated = sum(i.automated for i in checklist.items)
@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.phase or not args.model:
         raise DitgateError("ditgate checklist: give PHASE and --model MODEL (or --validate / --list-checks)")
 
-    from ditgate.checklists.runner import RunOptions, load, run_checklists, write_filled
+    from ditgate.checklists import RunOptions, load, run_checklists, write_filled
     from ditgate.commands.run import build_request
     from ditgate.core.request import resolve_device
 

@@ -240,7 +240,7 @@ def _table(verdict: Any) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ditgate.gates import verdicts as gates
+    from ditgate import gates
 
     base, cand = Path(args.base), Path(args.cand)
     for path in (base, cand):

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 from pathlib import Path
 
 from ditgate.commands.run import add_model_arguments, build_request
@@ -33,72 +31,23 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print matrix.json instead of the table")
 
 
-@contextlib.contextmanager
-def cpu_threads(count: int):
-    """Run torch with `count` threads here and in every torchrun rank (OMP_NUM_THREADS), then put both back."""
-    import torch
-
-    saved = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(count)
-    os.environ["OMP_NUM_THREADS"] = str(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved[0])
-        if saved[1] is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved[1]
-
-
-def tier_refusal(tier: str, gpus: int) -> str | None:
-    """Why a GPU machine with `gpus` devices cannot run `tier`; None when it can. Tier A runs on one GPU (its
-    2-device rows are then refused one by one); B and C exist for their multi-device rows and need all of them."""
-    from ditgate.perf.matrix.matrix import TIERS
-
-    if tier == "A" or TIERS[tier] <= gpus:
-        return None
-    lower = [t for t, n in TIERS.items() if n <= gpus]
-    return f"tier {tier} needs {TIERS[tier]} GPUs and this machine has {gpus}" + (
-        f": run --tier {lower[-1]}, or on a machine with {TIERS[tier]} GPUs" if lower else "")
-
-
 def main(args: argparse.Namespace) -> int:
-    from ditgate.perf.matrix import matrix as perf
-    from ditgate.run import rows as rows_mod
-    from ditgate.core.errors import DitgateError
-    from ditgate.core.loader import resolve
-    from ditgate.run.runner import RunConfig, run
+    from ditgate.perf import acceptance
+    from ditgate.perf import matrix as perf
 
-    if args.warmup < 0 or args.repeats < 1 or args.threads < 1:
-        raise DitgateError("--warmup must be >= 0, --repeats and --threads >= 1")
     device = resolve_device(args.device)
-    dtype = args.dtype
-    if dtype.startswith("auto"):
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    if device.startswith("cuda"):
-        import torch
-
-        refusal = tier_refusal(args.tier, torch.cuda.device_count())
-        if refusal:
-            raise DitgateError(refusal)
+    dtype = acceptance.matrix_dtype(args.dtype, device)
+    acceptance.check_options(args.tier, device, args.warmup, args.repeats, args.threads)
     request = build_request(args)
-    model_path = resolve(args.model)
-    profile, note = perf.profile_for(model_path, request, dtype)
-    base = rows_mod.load_rows(args.rows_file) if args.rows_file else perf.matrix_rows(args.tier, perf.max_fn(profile))
-    chosen = rows_mod.select(base, args.rows)
+    chosen, profile, note = acceptance.plan_rows(args.model, request, dtype, args.tier, args.rows_file, args.rows)
     if args.list_rows:
         for row in chosen:
             print(f"{row.name:<28} phase={row.phase or '-':<12} ranks={row.world_size}  {row.description}")
         return 0
-    cfg = RunConfig(model=args.model, rows=chosen, request=request, out=args.out, dtype=dtype, device=device,
-                    pipeline=args.pipeline, trust_remote_code=args.trust_remote_code, timeout=args.timeout,
-                    resume=args.resume, warmup=args.warmup, repeats=args.repeats)
-    with cpu_threads(args.threads) if not device.startswith("cuda") else contextlib.nullcontext():
-        report = run(cfg, profile=profile)
-        data = perf.matrix(report, args.tier, args.warmup, args.repeats, prediction_note=note)
-    run_dir = Path(report["run_dir"])
-    perf.write(run_dir, data)
+    data, run_dir = acceptance.run_matrix(
+        args.model, chosen, profile, note, request=request, tier=args.tier, out=args.out, dtype=dtype, device=device,
+        warmup=args.warmup, repeats=args.repeats, threads=args.threads, pipeline=args.pipeline,
+        trust_remote_code=args.trust_remote_code, timeout=args.timeout, resume=args.resume)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:

@@ -30,7 +30,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _list() -> int:
-    from ditgate.notebooks.cells import NOTEBOOKS, parameters
+    from ditgate.notebooks import NOTEBOOKS, parameters
 
     for nb in NOTEBOOKS:
         params = ", ".join(f"{name}: {p['inferred_type_name']} = {p['default']}" for name, p in parameters(nb).items())
@@ -40,7 +40,7 @@ def _list() -> int:
 
 def main(args: argparse.Namespace) -> int:
     from ditgate.core.errors import DitgateError
-    from ditgate.notebooks.cells import find, results_dir, run_notebooks, summary
+    from ditgate.notebooks import find, results_dir, run_notebooks, summary
 
     if args.action == "list":
         return _list()

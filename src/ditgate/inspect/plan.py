@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ditgate.inspect.anatomy import Anatomy, BlockList
+    from ditgate.inspect.model import Anatomy, BlockList
 
 # Row names of `ditgate run` that check each phase (its default matrix uses the same names).
 PHASE_ROWS = {

@@ -5,6 +5,8 @@
 - `tensor` : max-abs, relative error, cosine similarity and displacement-relative error of latents;
 - `audio`  : SI-SDR of waveforms, PSNR and SSIM of log-mel spectrograms;
 - `convert`: how inputs are read (layouts, value ranges) and what is refused.
+
+May import: `ditgate.core.errors` only; metrics are functions of arrays and know nothing of gates or runs.
 """
 
 from ditgate.metrics.audio import audio_metrics, mel_psnr, mel_ssim, si_sdr

@@ -135,23 +135,19 @@ def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", he
                frames: int = 0, steps: int = 0, dtype: str = "auto", device: str = "auto", warmup: int = -1,
                repeats: int = 0, timeout: float = 600.0) -> dict[str, Any]:
     """`ditgate matrix` into `out_dir/perf_matrix`; returns matrix.json. -1, 0 and "" keep the command's defaults."""
-    import argparse
+    from ditgate.core.loader import resolve
+    from ditgate.core.request import resolve_device
+    from ditgate.perf import acceptance
 
-    try:
-        from ditgate.commands import matrix
-    except ImportError:
-        raise DitgateError("`ditgate matrix` is not part of this installation of ditgate") from None
-    argv = [model, "--tier", tier, "--out", str(Path(out_dir) / "perf_matrix"), "--dtype", dtype, "--device", device,
-            "--timeout", str(timeout)]
-    for flag, value in (("--rows", rows), ("--height", height), ("--width", width), ("--frames", frames),
-                        ("--steps", steps), ("--repeats", repeats)):
-        if value:
-            argv += [flag, str(value)]
-    if warmup >= 0:
-        argv += ["--warmup", str(warmup)]
-    parser = argparse.ArgumentParser(prog="ditgate matrix")
-    matrix.register(parser)
-    matrix.main(parser.parse_args(argv))  # its exit status 1 (a row failed) is in matrix.json; errors raise
+    device = resolve_device(device)
+    dtype = acceptance.matrix_dtype(dtype, device)
+    warmup, repeats = (1 if warmup < 0 else warmup), (repeats or 3)
+    acceptance.check_options(tier.upper(), device, warmup, repeats, 1)
+    request = _request(resolve(model), height, width, frames, steps)
+    chosen, profile, note = acceptance.plan_rows(model, request, dtype, tier.upper(), rows=rows or None)
+    acceptance.run_matrix(model, chosen, profile, note, request=request, tier=tier.upper(),
+                          out=Path(out_dir) / "perf_matrix", dtype=dtype, device=device, warmup=warmup,
+                          repeats=repeats, timeout=timeout)  # a failed row is in matrix.json; errors raise
     return json.loads((Path(out_dir) / "perf_matrix" / "matrix.json").read_text())
 
 
@@ -166,7 +162,7 @@ def show(data: Any) -> None:
     from IPython.display import Audio, Image, Markdown, display
 
     if hasattr(data, "block_lists"):  # an Anatomy
-        from ditgate.commands.inspect import render
+        from ditgate.inspect.text import render
 
         display(Markdown(f"```text\n{render(data)}\n```"))
         return

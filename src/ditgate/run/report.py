@@ -30,7 +30,7 @@ def _status(state) -> str:
 
 
 def _row_record(state, base, profile) -> dict[str, Any]:
-    from ditgate.perf.matrix import matrix as perf
+    from ditgate.run import predict
 
     result = state.result or {}
     baseline_latency = (base.result or {}).get("latency_s") if base else None
@@ -50,7 +50,7 @@ def _row_record(state, base, profile) -> dict[str, Any]:
         "latency_s": latency,
         "times": result.get("times"),
         "speedup": (baseline_latency / latency) if latency and baseline_latency else None,
-        "prediction": perf.predict(state.row, result, base.result if base else None, profile),
+        "prediction": predict.predict(state.row, result, base.result if base else None, profile),
         "peak_memory_bytes": (result.get("peak_memory") or {}).get("bytes"),
         "peak_memory_kind": (result.get("peak_memory") or {}).get("kind"),
         "metrics": metrics,
@@ -66,7 +66,7 @@ def _row_record(state, base, profile) -> dict[str, Any]:
 def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
           profile_note: str | None = None) -> dict[str, Any]:
     """The report of `states`; `profile` (ditgate.inspect.flops.Profile) adds speedup predictions."""
-    from ditgate.perf.matrix import matrix as perf
+    from ditgate.run import predict
 
     base = next((s for s in states if s.row.name == "baseline"), None)
     rows = [_row_record(s, base, profile) for s in states]
@@ -82,7 +82,7 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
         "versions": run_info["versions"],
         "passed": all(r["status"] in ("passed", "reference") for r in rows),
         "wall_s": wall_s,
-        "flops": perf.flops_summary(profile),
+        "flops": predict.flops_summary(profile),
         "prediction_note": profile_note,
         "rows": rows,
     }
@@ -155,7 +155,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"- {name} / {p['feature']}: {'ok' if p['passed'] else 'FAILED'} — {p['detail']}" for name, p in proofs]
     slow = [r for r in report["rows"] if (r.get("prediction") or {}).get("far_below")]
     if slow:
-        from ditgate.perf.matrix.matrix import FAR_BELOW
+        from ditgate.run.predict import FAR_BELOW
 
         lines += ["", f"## Speedups far below the prediction (under {FAR_BELOW:g} of it)", ""]
         lines += [f"- {r['name']}: {r['speedup']:.2f}x measured, {r['prediction']['predicted']:.2f}x predicted"

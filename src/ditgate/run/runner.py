@@ -297,7 +297,7 @@ class Runner:
         note = None
         if self.profile is None and any(s.ran and (s.row.cache or s.row.world_size > 1)
                                         for s in self.states.values()):
-            from ditgate.perf.matrix.matrix import profile_for
+            from ditgate.run.predict import profile_for
 
             self.profile, note = profile_for(self.model_path, self.cfg.request, self.cfg.dtype)
         return report.write(self.run_dir, self.cfg, list(self.states.values()),

@@ -1,4 +1,8 @@
-"""The skill's own tooling: lint it (`ditgate lint`) and install it where agents look (`ditgate skill install`)."""
+"""The skill's own tooling: lint it (`ditgate lint`) and install it where agents look (`ditgate skill install`).
+
+May import: `ditgate.core`, and `ditgate.cli` (the linter parses the skill's command lines with the CLI's own
+parser).
+"""
 
 from ditgate.skill.install import InstallResult, install_skill
 from ditgate.skill.lint import RULE_IDS, RULES, Finding, LintConfig, LintReport, lint

@@ -3,6 +3,8 @@
 `zoo:NAME` is accepted wherever a model path is. The first use builds the model into the zoo cache
 (`$DITGATE_HOME/zoo`, default `~/.cache/ditgate/zoo`) with `save_pretrained`; every later use loads that folder
 through the same `from_pretrained(path)` call a real model goes through.
+
+May import: `ditgate.core.errors` and `ditgate.core.examples` only (the loader imports the zoo).
 """
 
 from __future__ import annotations

@@ -1,0 +1,142 @@
+"""What inspect finds, as dataclasses: components, block lists, attention groups, the sequence, the anatomy."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+# the roles of a block's inputs and outputs
+H, E, OTHER = "hidden_states", "encoder_hidden_states", "other"
+RANKS = (2, 4, 8)
+
+
+DEFAULT_PROMPT = "a red cube on a wooden table"
+
+
+DEFAULT_NEGATIVE_PROMPT = "blurry"
+
+
+KERNEL_PACKAGES = ("flash_attn", "flash_attn_interface", "triton", "apex", "xformers", "transformer_engine",
+                   "liger_kernel", "sageattention", "spas_sage_attn", "nunchaku", "bitsandbytes", "deepspeed",
+                   "flashinfer", "sgl_kernel", "vllm", "kernels")
+
+
+# -- result types -------------------------------------------------------------------------------------------------
+@dataclass
+class Component:
+    name: str
+    cls: str
+    module: str
+    source_file: str | None
+    parameters: int | None = None
+
+
+@dataclass
+class Param:
+    name: str
+    kind: str
+    has_default: bool
+
+
+@dataclass
+class BlockList:
+    transformer: str
+    attribute: str
+    length: int
+    block_class: str
+    block_module: str
+    source_file: str | None
+    signature: list[Param]
+    returns: str
+    called: bool = False
+    call: dict[str, Any] | None = None
+    outputs: list[str] | None = None
+    output_shapes: list[str] = field(default_factory=list)
+    role_evidence: str | None = None
+    encoder_param: str | None = None
+    pattern: str | None = None
+    pattern_reason: str = ""
+    check_forward_pattern: bool | None = None
+    patch_functor_needed: bool = False
+    loop_findings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AttentionGroup:
+    transformer: str
+    group: str
+    cls: str
+    processor: str | None
+    calls: int
+    heads: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    kernel_heads: int | None = None
+    kernel_kv_heads: int | None = None
+    kernel_head_dim: int | None = None
+    q_len: int | None = None
+    kv_len: int | None = None
+    kind: str | None = None
+    mask: bool = False
+    enable_gqa: bool = False
+
+
+@dataclass
+class Attention:
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    gqa: bool = False
+    mask: bool = False
+    mask_sources: list[str] = field(default_factory=list)
+    mask_all_true: bool | None = None
+    fused_qkv: list[str] = field(default_factory=list)
+    non_pytorch_kernels: list[str] = field(default_factory=list)
+    attention_backends: list[str] = field(default_factory=list)
+    qk_norm_across_heads: list[str] = field(default_factory=list)
+    groups: list[AttentionGroup] = field(default_factory=list)
+
+
+@dataclass
+class Sequence:
+    image_tokens: int | None = None
+    text_tokens: int | None = None
+    attention_tokens: int | None = None
+    joint: bool = False
+    per_token_tables: list[str] = field(default_factory=list)
+    gather_candidates: list[str] = field(default_factory=list)
+    divisibility: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Anatomy:
+    model: str
+    pipeline: Component
+    call: dict[str, Any]
+    steps: int
+    components: dict[str, list[Component]]
+    block_lists: list[BlockList]
+    between_lists: list[str]
+    calls_per_step: float | None
+    calls_by_step: list[int]
+    transformer_calls: dict[str, int]
+    has_separate_cfg: bool
+    batch: int | None
+    attention: Attention
+    sequence: Sequence
+    tp_layers: dict[str, list[dict[str, Any]]]
+    cache_dit: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+    plan: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def source_file(obj: Any) -> str | None:
+    try:
+        return inspect.getsourcefile(obj if inspect.isclass(obj) else type(obj))
+    except (TypeError, OSError):
+        return None

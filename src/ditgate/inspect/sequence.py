@@ -1,0 +1,97 @@
+"""The sequence a transformer call sees: lengths of the image and text parts, tensors built once and handed to every block, what the ranks must divide."""
+
+from __future__ import annotations
+
+from ditgate.inspect.model import E
+from ditgate.inspect.blocks import _positional
+
+import math
+from typing import Any
+from ditgate.inspect.model import BlockList, RANKS, Sequence
+
+
+# -- sequence and divisibility ------------------------------------------------------------------------------------
+def analyse_sequence(record, lists: list[BlockList]) -> tuple[Sequence, int | None]:
+    """The sequence entering the first block list that runs, its batch, per-token tables and gather points."""
+    import torch
+
+    sequence = Sequence()
+    called = [b for b in lists if b.called]
+    first_event: dict[str, int] = {}
+    for i, event in enumerate(record.events):
+        first_event.setdefault(event.rsplit(".", 1)[0], i)
+    called.sort(key=lambda b: first_event.get(b.attribute, math.inf))
+    if not called:
+        return sequence, None
+    first = called[0]
+    bound = record.lists[first.attribute].first_call.bound
+    h_param = _positional(first.signature)[0] if _positional(first.signature) else None
+    hidden = bound.get(h_param)
+    batch = None
+    if isinstance(hidden, torch.Tensor) and hidden.ndim == 3:
+        batch, sequence.image_tokens = hidden.shape[0], hidden.shape[1]
+    e_param = first.encoder_param or (E if E in bound else None)
+    text = bound.get(e_param) if e_param else None
+    if isinstance(text, torch.Tensor) and text.ndim == 3:
+        sequence.text_tokens = text.shape[1]
+    sequence.attention_tokens = sequence.image_tokens
+    _tables_and_gathers(record, sequence, hidden, text, first.attribute)
+    return sequence, batch
+
+
+def _leaves(value: Any):
+    """Tensors inside a value (tuples, lists and dicts are searched)."""
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif hasattr(value, "shape"):
+        yield value
+
+
+def _tables_and_gathers(record, sequence: Sequence, hidden, text, first_list: str) -> None:
+    """Per-token tables (outputs of modules run before the blocks that reach the blocks with a sequence-long dim)
+    and gather candidates (modules run after the blocks whose output still has the image sequence)."""
+    import torch
+
+    s_img, s_txt = sequence.image_tokens, sequence.text_tokens
+    lengths = {n: what for n, what in ((s_img, "image"), (s_txt, "text"),
+                                       ((s_img or 0) + (s_txt or 0), "image + text")) if n}
+    events = record.events
+    block_inputs = {id(t) for t in _leaves(record.lists[first_list].first_call.bound)}
+    first_block = events.index(f"{first_list}.0") if f"{first_list}.0" in events else len(events)
+    last_block = max((i for i, e in enumerate(events) if e.rsplit(".", 1)[0] in record.lists), default=-1)
+    for name in dict.fromkeys(events[:first_block]):
+        found = []
+        for i, out in enumerate(_leaves(record.child_outputs.get(name))):
+            if out is hidden or out is text or id(out) not in block_inputs:
+                continue
+            dims = [d for d, n in enumerate(out.shape) if n in lengths]
+            if dims:
+                found.append(f"output {i} {list(out.shape)} (dim {dims[0]}: {lengths[out.shape[dims[0]]]} tokens)")
+        if found:
+            sequence.per_token_tables.append(f"{name}: " + ", ".join(found))
+    for name in dict.fromkeys(events[last_block + 1:]):
+        out = record.child_outputs.get(name)
+        if isinstance(out, torch.Tensor) and out.ndim == 3 and out.shape[1] == s_img:
+            sequence.gather_candidates.append(name)
+
+
+def divisibility(sequence: Sequence, heads: int | None, kv_heads: int | None) -> dict[str, dict[str, Any]]:
+    def div(n: int | None, r: int) -> bool | None:
+        return None if n is None else n % r == 0
+
+    table = {}
+    for r in RANKS:
+        row = {"image_tokens": div(sequence.image_tokens, r), "text_tokens": div(sequence.text_tokens, r),
+               "heads": div(heads, r), "kv_heads": div(kv_heads, r)}
+        split = [row["image_tokens"]] + ([row["text_tokens"]] if sequence.joint else [])
+        seq_ok = all(x is not False for x in split)
+        row["ulysses"] = "ok" if seq_ok and row["heads"] is not False and row["kv_heads"] is not False \
+            else "ulysses-anything"
+        row["ring"] = seq_ok
+        row["tp"] = row["heads"] is not False and row["kv_heads"] is not False
+        table[str(r)] = row
+    return table

@@ -1,0 +1,99 @@
+"""The anatomy as text: short sections, each a small table (what `ditgate inspect` prints)."""
+
+from __future__ import annotations
+
+
+
+def _table(headers: list[str], rows: list[list]) -> list[str]:
+    cells = [[str(c) if c is not None else "-" for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)]
+
+
+def _yes(value) -> str:
+    return {True: "yes", False: "no", None: "-"}.get(value, str(value))
+
+
+def _signature(block) -> str:
+    params = []
+    for p in block.signature:
+        name = {"var_positional": "*", "var_keyword": "**"}.get(p.kind, "") + p.name
+        params.append(name + ("=..." if p.has_default else ""))
+    return f"{block.block_class}.forward({', '.join(params)})" + (f" -> {block.returns}" if block.returns else "")
+
+
+def render(a) -> str:
+    """The human report: short sections, each a small table."""
+    out = [f"{a.model}: {a.pipeline.cls}  ({a.pipeline.source_file})",
+           f"observed run: {a.steps} steps, " + ", ".join(f"{k}={v}" for k, v in a.call.items() if k != "prompt"), ""]
+
+    out.append("Components")
+    rows = [[role.rstrip("s").replace("_", " "), c.name, c.cls, c.source_file]
+            for role, items in a.components.items() for c in items]
+    out += _table(["role", "name", "class", "source"], rows) + [""]
+
+    out.append("Block lists")
+    rows = [[f"{b.transformer}.{b.attribute}", b.length, b.block_class,
+             " + ".join("H" if r == "hidden_states" else "E" if r == "encoder_hidden_states" else "?"
+                        for r in b.outputs or []) or "-", b.pattern, _yes(b.check_forward_pattern),
+             _yes(b.patch_functor_needed) if b.called else "not called"] for b in a.block_lists]
+    out += _table(["list", "n", "block class", "returns", "pattern", "name check", "PatchFunctor"], rows)
+    for b in a.block_lists:
+        out.append(f"  {_signature(b)}")
+        if b.called:
+            out.append(f"    {b.pattern_reason}")
+        out += [f"    ! {finding}" for finding in b.loop_findings]
+    out += [f"  {finding}" for finding in a.between_lists] + [""]
+
+    by_step = f" (per step: {', '.join(map(str, a.calls_by_step))})" if a.calls_by_step else ""
+    calls = f"{a.calls_per_step:g}" if a.calls_per_step is not None else "?"
+    out += [f"Transformer calls per step: {calls}{by_step} -> has_separate_cfg = {a.has_separate_cfg}", ""]
+
+    at = a.attention
+    out.append("Attention")
+    rows = [[f"{g.transformer}.{g.group}", g.cls, g.processor, g.heads, g.kv_heads, g.head_dim, g.kind,
+             f"{g.q_len}/{g.kv_len}" if g.q_len else "-", _yes(g.mask)] for g in at.groups]
+    out += _table(["module", "class", "processor", "heads", "kv", "head_dim", "kind", "q/kv len", "mask"], rows)
+    out.append(f"  GQA: {_yes(at.gqa)}; mask reaches attention: {_yes(at.mask)}"
+               + (f" ({'; '.join(at.mask_sources)})" if at.mask_sources else ""))
+    out.append(f"  fused QKV: {', '.join(at.fused_qkv) or 'none'}; non-PyTorch kernels: "
+               f"{'; '.join(at.non_pytorch_kernels) or 'none'}")
+    if at.qk_norm_across_heads:
+        out.append(f"  QK norm over all heads: {', '.join(at.qk_norm_across_heads)}")
+    out.append("")
+
+    s = a.sequence
+    out.append("Sequence")
+    out.append(f"  image tokens {s.image_tokens}, text tokens {s.text_tokens}, "
+               f"{'joint attention over ' + str(s.attention_tokens) + ' tokens' if s.joint else 'no joint attention'}"
+               f"; batch {a.batch}")
+    rows = [[r, _yes(d["image_tokens"]), _yes(d["text_tokens"]), _yes(d["heads"]), _yes(d["kv_heads"]),
+             d["ulysses"], _yes(d["ring"]), _yes(d["tp"])] for r, d in s.divisibility.items()]
+    out += _table(["ranks", "image % n", "text % n", "heads % n", "kv % n", "ulysses", "ring", "tp"], rows)
+    out += [f"  per-token table: {t}" for t in s.per_token_tables]
+    if s.gather_candidates:
+        out.append(f"  after the blocks, still image-sequence long: {', '.join(s.gather_candidates)}")
+    out.append("")
+
+    c = a.cache_dit
+    out.append(f"cache-dit {c['cache_dit_version']} provides")
+    adapter = c["adapter"]
+    adapter_text = (f"{adapter['prefix']} ({adapter['function']}): "
+                    + "; ".join(f"{', '.join(ls)} -> {', '.join(ps)}"
+                                for ls, ps in zip(adapter["block_lists"], adapter["forward_patterns"]))
+                    + f"; has_separate_cfg={adapter['has_separate_cfg']}"
+                    + (f"; {adapter['patch_functor']}" if adapter["patch_functor"] else "")) if adapter \
+        else (c["adapter_error"] or "none")
+    rows = [["BlockAdapter", a.pipeline.cls, adapter_text]]
+    rows += [["CP planner", n, p or "none"] for n, p in c["cp_planners"].items()]
+    rows += [["TP planner", n, p or "none"] for n, p in c["tp_planners"].items()]
+    rows += [["TE-P planner", n, p or "none"] for n, p in c["text_encoder_planners"].items()]
+    rows += [["VAE-P planner", n, p or "none"] for n, p in c["vae_planners"].items()]
+    rows += [["CLI example", a.pipeline.cls, ", ".join(c["cli_examples"]) or "none"]]
+    out += _table(["what", "for", "provided"], rows) + [""]
+
+    if a.warnings:
+        out.append("Warnings")
+        out += [f"  ! {w}" for w in a.warnings] + [""]
+    return "\n".join(out)

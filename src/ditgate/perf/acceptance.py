@@ -1,0 +1,92 @@
+"""Running the acceptance matrix: the tier's rows through the phase runner, then the matrix table, JSON and plot.
+
+`ditgate matrix` and the perf-matrix notebook both call `run_matrix`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from ditgate.core.errors import DitgateError
+from ditgate.core.loader import resolve
+from ditgate.core.request import Request
+from ditgate.perf import matrix as perf
+from ditgate.run import predict
+from ditgate.run import rows as rows_mod
+from ditgate.run.rows import Row
+from ditgate.run.runner import RunConfig, run
+
+
+@contextlib.contextmanager
+def cpu_threads(count: int):
+    """Run torch with `count` threads here and in every torchrun rank (OMP_NUM_THREADS), then put both back."""
+    import torch
+
+    saved = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(count)
+    os.environ["OMP_NUM_THREADS"] = str(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        if saved[1] is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved[1]
+
+
+def tier_refusal(tier: str, gpus: int) -> str | None:
+    """Why a GPU machine with `gpus` devices cannot run `tier`; None when it can. Tier A runs on one GPU (its
+    2-device rows are then refused one by one); B and C exist for their multi-device rows and need all of them."""
+    if tier == "A" or perf.TIERS[tier] <= gpus:
+        return None
+    lower = [t for t, n in perf.TIERS.items() if n <= gpus]
+    return f"tier {tier} needs {perf.TIERS[tier]} GPUs and this machine has {gpus}" + (
+        f": run --tier {lower[-1]}, or on a machine with {perf.TIERS[tier]} GPUs" if lower else "")
+
+
+def check_options(tier: str, device: str, warmup: int, repeats: int, threads: int) -> None:
+    """Refuse counts out of range and a tier this GPU machine cannot run, before anything loads."""
+    if warmup < 0 or repeats < 1 or threads < 1:
+        raise DitgateError("--warmup must be >= 0, --repeats and --threads >= 1")
+    if device.startswith("cuda"):
+        import torch
+
+        refusal = tier_refusal(tier, torch.cuda.device_count())
+        if refusal:
+            raise DitgateError(refusal)
+
+
+def matrix_dtype(dtype: str, device: str) -> str:
+    """"auto" is bfloat16 on a GPU and float32 on a CPU."""
+    if dtype.startswith("auto"):
+        return "bfloat16" if device.startswith("cuda") else "float32"
+    return dtype
+
+
+def plan_rows(model: str, request: Request, dtype: str, tier: str, rows_file: Path | None = None,
+              rows: str | None = None) -> tuple[list[Row], Any, str | None]:
+    """The rows to run (the tier's, or a rows file's, narrowed by `rows`), the FLOP profile and its note."""
+    profile, note = predict.profile_for(resolve(model), request, dtype)
+    base = rows_mod.load_rows(rows_file) if rows_file else perf.matrix_rows(tier, predict.max_fn(profile))
+    return rows_mod.select(base, rows), profile, note
+
+
+def run_matrix(model: str, chosen: list[Row], profile: Any, note: str | None, *, request: Request, tier: str,
+               out: Path | None, dtype: str, device: str, warmup: int, repeats: int, threads: int = 1,
+               pipeline: str | None = None, trust_remote_code: bool = False, timeout: float = 600.0,
+               resume: bool = False) -> tuple[dict[str, Any], Path]:
+    """Run the matrix rows; write matrix.md, matrix.json and the plot into the run folder; (matrix data, folder)."""
+    check_options(tier, device, warmup, repeats, threads)
+    cfg = RunConfig(model=model, rows=chosen, request=request, out=out, dtype=dtype, device=device,
+                    pipeline=pipeline, trust_remote_code=trust_remote_code, timeout=timeout,
+                    resume=resume, warmup=warmup, repeats=repeats)
+    with cpu_threads(threads) if not device.startswith("cuda") else contextlib.nullcontext():
+        report = run(cfg, profile=profile)
+        data = perf.matrix(report, tier, warmup, repeats, prediction_note=note)
+    run_dir = Path(report["run_dir"])
+    perf.write(run_dir, data)
+    return data, run_dir

@@ -1,0 +1,176 @@
+"""The runtime's layering: packages follow the data path, lower packages never import higher ones, no import cycles.
+
+Every import in `src/ditgate` counts, the ones inside functions too (an import deferred to call time is still a
+dependency). The order is the README's layout section; `skill` sits beside the stages and imports only `core`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "ditgate"
+
+# package -> the ditgate packages it may import (besides itself)
+ALLOWED = {
+    "core": {"zoo"},
+    "zoo": {"core"},
+    "metrics": {"core"},
+    "gates": {"core", "metrics"},
+    "inspect": {"core", "zoo"},
+    "run": {"core", "zoo", "metrics", "gates", "inspect"},
+    "perf": {"core", "zoo", "metrics", "gates", "inspect", "run"},
+    "skill": {"core", "cli"},  # the linter checks the skill's command lines with the CLI's own parser
+    "checklists": {"core", "zoo", "metrics", "gates", "inspect", "run", "skill"},
+    "notebooks": {"core", "zoo", "metrics", "gates", "inspect", "run", "perf"},
+    "commands": {"core", "zoo", "metrics", "gates", "inspect", "run", "perf", "skill", "checklists", "notebooks",
+                 "cli"},
+    "cli": {"commands", "core", "top"},
+    "top": {"core", "cli"},  # ditgate/__init__.py, ditgate/__main__.py
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in ("__main__",):
+        return "top"
+    return parts[1]
+
+
+def _imports(path: Path) -> set[str]:
+    """The ditgate modules `path` imports (absolute names; relative imports resolved)."""
+    tree = ast.parse(path.read_text())
+    me = _module_name(path)
+    pkg = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "ditgate"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "ditgate":
+                continue
+            if target != "ditgate":  # the root package holds only __version__ and the lazy `ditgate.load`
+                found.add(target)
+            for alias in node.names:  # `from ditgate.run import store` imports the module ditgate.run.store
+                candidate = f"{target}.{alias.name}"
+                if _file_of(candidate) is not None:
+                    found.add(candidate)
+    return found
+
+
+def _file_of(module: str) -> Path | None:
+    parts = module.split(".")[1:]
+    if not parts:
+        return SRC / "__init__.py"
+    rel = Path(*parts)
+    for path in (SRC / rel.with_suffix(".py"), SRC / rel / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for path in sorted(SRC.rglob("*.py")):
+        graph[_module_name(path)] = {m for m in _imports(path) if _file_of(m) is not None}
+    return graph
+
+
+def test_every_package_is_placed():
+    packages = {_package(m) for m in _graph()}
+    assert packages <= set(ALLOWED), f"packages without a layer: {sorted(packages - set(ALLOWED))}"
+
+
+def test_lower_packages_never_import_higher_ones():
+    problems = []
+    for module, deps in _graph().items():
+        mine = _package(module)
+        for dep in deps:
+            theirs = _package(dep)
+            if theirs != mine and theirs not in ALLOWED[mine]:
+                problems.append(f"{module} imports {dep} ({mine} may import only {sorted(ALLOWED[mine])})")
+    assert not problems, "\n".join(sorted(problems))
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if dep == node or _is_package_of(dep, node):
+                continue
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state:
+                found = visit(dep)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _is_package_of(package: str, module: str) -> bool:
+    """A module importing its own package's `__init__` (for a sibling) is not a cycle through that module."""
+    return module.startswith(package + ".")
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    # a package's __init__ re-exports its modules; a module naming `ditgate.gates` means the package interface
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checker_sees_a_planted_violation(tmp_path, monkeypatch):
+    """The rule can fail: a metrics module importing the runner is reported."""
+    fake = tmp_path / "ditgate"
+    (fake / "metrics").mkdir(parents=True)
+    (fake / "run").mkdir()
+    (fake / "metrics" / "bad.py").write_text("from ditgate.run.runner import run\n")
+    (fake / "run" / "runner.py").write_text("def run():\n    pass\n")
+    (fake / "run" / "loop.py").write_text("from ditgate.run import runner\n")
+    (fake / "run" / "back.py").write_text("from ditgate.run import loop\n")
+    (fake / "run" / "__init__.py").write_text("")
+    monkeypatch.setattr(__import__(__name__), "SRC", fake)
+    with pytest.raises(AssertionError, match="ditgate.metrics.bad imports ditgate.run.runner"):
+        test_lower_packages_never_import_higher_ones()
+    (fake / "run" / "runner.py").write_text("from ditgate.run import back\n")
+    with pytest.raises(AssertionError, match="import cycle"):
+        test_no_import_cycles()
+
+
+def test_packages_say_what_they_own_and_may_import():
+    for init in sorted(SRC.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert doc, f"{init.relative_to(SRC)} has no docstring"
+        assert "import" in doc, f"{init.relative_to(SRC)}'s docstring does not say what it may import"
+
+
+def test_modules_stay_small():
+    big = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 420}
+    assert not big, f"modules over ~400 lines: {big}"
