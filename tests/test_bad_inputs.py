@@ -1,0 +1,240 @@
+"""Every error a user can cause exits 2 with one line on stderr: no traceback, never 1 (1 means a gate failed), and
+nothing made on the way (a refused `run` leaves no run folder).
+
+One table for every command. A case is (command line, words the message must hold); `{t}` in an argument is the
+test's temporary folder, `{f}` the fixture files made there (see `files`). Cases run in-process and fail before
+loading any model, so the whole table takes seconds.
+"""
+
+import json
+import os
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+UNWRITABLE = "/sys/ditgate-unwritable"  # refused even to root (sysfs)
+
+
+class _Boom:
+    """A pickle that writes a marker file when it is loaded: loading it would run code."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture()
+def files(tmp_path, zoo_path):
+    t = tmp_path
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(t / "ok.png")
+    np.save(t / "ok.npy", np.zeros((4, 8), np.float32))
+    (t / "garbage.npy").write_bytes(b"\x93NUMPY garbage that is not a header")
+    (t / "garbage.pt").write_bytes(b"not a zip, not a pickle")
+    with open(t / "evil.pt", "wb") as out:  # a plain pickle that would create t/PWNED when unpickled
+        pickle.dump(_Boom(str(t / "PWNED")), out)
+    with zipfile.ZipFile(t / "evil-zip.pt", "w") as z:  # torch.save's zip layout around the same pickle
+        z.writestr("archive/data.pkl", pickle.dumps(_Boom(str(t / "PWNED"))))
+        z.writestr("archive/version", "3\n")
+    np.save(t / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    (t / "a-file").write_text("a plain file")
+    (t / "list-index").mkdir()
+    (t / "list-index" / "model_index.json").write_text("[1, 2, 3]")
+    (t / "string-index").mkdir()
+    (t / "string-index" / "model_index.json").write_text('"FluxPipeline"')
+    rows = t / "rows"
+    rows.mkdir()
+    for name, text in {
+        "bool-size": "- {name: x, phase: tp, parallel: {tp_size: true}}",
+        "no-is-true": "- {name: x, phase: vaep, baseline: baseline-tiled, parallel: {tp_size: 2, vae: 'no'}}",
+        "tiling-no": "- {name: x, vae_tiling: 'no'}",
+        "int-name": "- {name: 7}",
+        "dup-name": "- {name: x, phase: cache, cache: {Fn_compute_blocks: 1}}\n"
+                    "- {name: x, phase: cache, cache: {Fn_compute_blocks: 2}}",
+        "cache-list": "- {name: x, phase: cache, cache: [1, 2]}",
+        "parallel-str": "- {name: x, phase: cp, parallel: ulysses}",
+        "baseline-int": "- {name: x, phase: cache, cache: {}, baseline: 5}",
+        "desc-list": "- {name: x, description: [a]}",
+        "huge-size": "- {name: x, phase: cp, parallel: {ulysses_size: 100000000000000000000}}",
+        "phase-list": "- {name: x, phase: [cp]}",
+    }.items():
+        (rows / f"{name}.yaml").write_text(text + "\n")
+    # a run folder with a corrupt run.json, and one whose finished row has a corrupt result.json
+    (t / "corrupt-run").mkdir()
+    (t / "corrupt-run" / "run.json").write_text("{not json")
+    # a skill source with a broken link in references/
+    skill = t / "skill-src"
+    (skill / "references").mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: broken-link-skill\ndescription: a skill with a dangling link\n---\n"
+                                    "# Broken\n")
+    (skill / "references" / "gone.md").symlink_to(t / "does-not-exist.md")
+    return t
+
+
+def _fmt(args, t):
+    return [str(a).format(t=t) for a in args]
+
+
+CASES = {
+    # gate: unreadable and malicious inputs
+    "gate-garbage-npy": (["gate", "--phase", "cp", "{t}/garbage.npy", "{t}/ok.npy"], ["garbage.npy"]),
+    "gate-garbage-pt": (["gate", "--phase", "cp", "{t}/garbage.pt", "{t}/ok.npy", "--modality", "latent"],
+                        ["garbage.pt"]),
+    "gate-pickle-pt": (["gate", "--phase", "cp", "{t}/evil.pt", "{t}/ok.npy", "--modality", "latent"],
+                       ["evil.pt"]),
+    "gate-pickle-zip-pt": (["gate", "--phase", "cp", "{t}/evil-zip.pt", "{t}/ok.npy", "--modality", "latent"],
+                           ["evil-zip.pt"]),
+    "gate-object-npy": (["gate", "--phase", "cp", "{t}/objects.npy", "{t}/ok.npy"], ["objects.npy"]),
+    "gate-bad-dtype": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--dtype", "float99"], ["float99"]),
+    "gate-unknown-phase": (["gate", "--phase", "warp", "{t}/ok.png", "{t}/ok.png"], ["warp"]),
+    "gate-gates-file-missing": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--gates", "{t}/nope.json"],
+                                ["nope.json"]),
+    "gate-corrupt-gates": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--gates", "{t}/a-file"],
+                           ["a-file"]),
+    # run: options refused before any folder is made
+    "run-bad-dtype": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--dtype", "float99"],
+                      ["float99"]),
+    "run-bad-device": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--device", "tpu"], ["tpu"]),
+    "run-negative-warmup": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--warmup", "-1"],
+                            ["--warmup"]),
+    "run-zero-repeats": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--repeats", "0"],
+                         ["--repeats"]),
+    "run-zero-timeout": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--timeout", "0"],
+                         ["--timeout"]),
+    "run-nan-timeout": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--timeout", "nan"],
+                        ["--timeout"]),
+    "run-missing-integration": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                 "--integration", "{t}/no-such-plugin.py"], ["no-such-plugin.py"]),
+    "run-out-is-a-file": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/a-file"], ["a-file"]),
+    "run-out-unwritable": (["run", "zoo:flux", "--rows", "cache", "--out", UNWRITABLE], [UNWRITABLE]),
+    "run-corrupt-run-json": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/corrupt-run", "--resume"],
+                             ["run.json"]),
+    "run-zero-height": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--height", "0"], ["height"]),
+    "run-overflowing-height": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                "--height", "1" + "0" * 30], ["--height"]),
+    "run-zero-steps": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--steps", "0"], ["steps"]),
+    "run-index-is-a-list": (["run", "{t}/list-index", "--rows", "cache", "--out", "{t}/out"],
+                            ["model_index.json"]),
+    "run-rows-file-missing": (["run", "zoo:flux", "--rows-file", "{t}/rows/none.yaml", "--out", "{t}/out"],
+                              ["none.yaml"]),
+    # typed rows files: the file, the row and the field are named
+    "rows-bool-rank-count": (["run", "zoo:flux", "--rows-file", "{t}/rows/bool-size.yaml", "--out", "{t}/out"],
+                             ["bool-size.yaml", "row 1", "tp_size"]),
+    "rows-no-is-not-true": (["run", "zoo:flux", "--rows-file", "{t}/rows/no-is-true.yaml", "--out", "{t}/out"],
+                            ["no-is-true.yaml", "row 1", "vae"]),
+    "rows-tiling-no": (["run", "zoo:flux", "--rows-file", "{t}/rows/tiling-no.yaml", "--out", "{t}/out"],
+                       ["tiling-no.yaml", "row 1", "vae_tiling"]),
+    "rows-int-name": (["run", "zoo:flux", "--rows-file", "{t}/rows/int-name.yaml", "--out", "{t}/out"],
+                      ["int-name.yaml", "row 1", "name"]),
+    "rows-duplicate-name": (["run", "zoo:flux", "--rows-file", "{t}/rows/dup-name.yaml", "--out", "{t}/out"],
+                            ["dup-name.yaml", "row 2", "name"]),
+    "rows-cache-list": (["run", "zoo:flux", "--rows-file", "{t}/rows/cache-list.yaml", "--out", "{t}/out"],
+                        ["cache-list.yaml", "row 1", "cache"]),
+    "rows-parallel-str": (["run", "zoo:flux", "--rows-file", "{t}/rows/parallel-str.yaml", "--out", "{t}/out"],
+                          ["parallel-str.yaml", "row 1", "parallel"]),
+    "rows-baseline-int": (["run", "zoo:flux", "--rows-file", "{t}/rows/baseline-int.yaml", "--out", "{t}/out"],
+                          ["baseline-int.yaml", "row 1", "baseline"]),
+    "rows-description-list": (["run", "zoo:flux", "--rows-file", "{t}/rows/desc-list.yaml", "--out", "{t}/out"],
+                              ["desc-list.yaml", "row 1", "description"]),
+    "rows-huge-size": (["run", "zoo:flux", "--rows-file", "{t}/rows/huge-size.yaml", "--out", "{t}/out"],
+                       ["huge-size.yaml", "row 1", "ulysses_size"]),
+    "rows-phase-list": (["run", "zoo:flux", "--rows-file", "{t}/rows/phase-list.yaml", "--out", "{t}/out"],
+                        ["phase-list.yaml", "row 1", "phase"]),
+    # inspect
+    "inspect-index-is-a-list": (["inspect", "{t}/list-index"], ["model_index.json"]),
+    "inspect-index-is-a-string": (["inspect", "{t}/string-index"], ["model_index.json"]),
+    "inspect-plan-unwritable": (["inspect", "zoo:flux", "--plan", UNWRITABLE + "/plan.md"], ["plan.md"]),
+    "inspect-plan-under-a-file": (["inspect", "zoo:flux", "--plan", "{t}/a-file/plan.md"], ["plan.md"]),
+    "inspect-bad-dtype": (["inspect", "zoo:flux", "--dtype", "float99"], ["float99"]),
+    "inspect-bad-device": (["inspect", "zoo:flux", "--device", "tpu"], ["tpu"]),
+    # checklist / matrix / flops / zoo / notebook
+    "checklist-bad-dtype": (["checklist", "cache", "--model", "zoo:flux", "--out", "{t}/out", "--dtype", "float99"],
+                            ["float99"]),
+    "checklist-missing-integration": (["checklist", "cache", "--model", "zoo:flux", "--out", "{t}/out",
+                                       "--integration", "{t}/no-such-plugin.py"], ["no-such-plugin.py"]),
+    "matrix-zero-threads": (["matrix", "zoo:flux", "--out", "{t}/out", "--threads", "0"], ["--threads"]),
+    "matrix-bad-dtype": (["matrix", "zoo:flux", "--out", "{t}/out", "--dtype", "float99"], ["float99"]),
+    "flops-negative-height": (["flops", "zoo:flux", "--height", "-16"], ["height"]),
+    "flops-overflowing-height": (["flops", "zoo:flux", "--height", "1" + "0" * 30], ["height"]),
+    "flops-index-is-a-list": (["flops", "{t}/list-index"], ["model_index.json"]),
+    "zoo-build-onto-a-file": (["zoo", "build", "flux", "{t}/a-file"], ["a-file"]),
+    "zoo-build-overwrite-a-file": (["zoo", "build", "flux", "{t}/a-file", "--overwrite"], ["a-file"]),
+    "zoo-build-unwritable": (["zoo", "build", "flux", UNWRITABLE], [UNWRITABLE]),
+    # skill install
+    "skill-target-is-a-file": (["skill", "install", "--target", "{t}/a-file"], ["a-file"]),
+    "skill-target-unwritable": (["skill", "install", "--target", UNWRITABLE], [UNWRITABLE]),
+    "skill-broken-link": (["skill", "install", "--target", "{t}/project", "--source", "{t}/skill-src"],
+                          ["gone.md"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_exits_2_with_one_line(name, files, capsys):
+    from ditgate.cli import main
+
+    args, words = CASES[name]
+    try:
+        code = main(_fmt(args, files))
+    except SystemExit as exc:  # argparse exits 2 by itself, with the usage and one error line
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, (name, code, err[-2000:])
+    lines = [line for line in err.splitlines() if line.startswith("ditgate")]
+    assert "Traceback" not in err, err
+    assert lines, err
+    for word in words:
+        assert word.format(t=files) in err, (name, err)
+    assert not (files / "out").exists(), "a refused command made its output folder"
+    assert not (files / "PWNED").exists(), "loading an input ran code"
+    assert not (files / "project").exists() or not any((files / "project").rglob("SKILL.md"))
+
+
+def test_argparse_rejections_are_one_line(run_cli, capsys):
+    """Values argparse itself refuses (an int that is not one) exit 2 with the usage and one error line."""
+    from ditgate.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "zoo:flux", "--warmup", "lots"])
+    assert exc.value.code == 2
+    assert "invalid int value" in capsys.readouterr().err
+
+
+def test_corrupt_result_json_is_run_again(run_cli, tmp_path, flux_default_run):
+    """A finished row whose result.json or outputs cannot be read is not kept by --resume: it runs again."""
+    import shutil
+
+    report, source = flux_default_run
+    out = tmp_path / "run"
+    shutil.copytree(source, out)
+    (out / "rows" / "cache" / "result.json").write_text("{not json")
+    (out / "rows" / "baseline" / "output.npy").write_bytes(b"truncated")
+    code, stdout, err = run_cli("run", "zoo:flux", "--rows", "cache", "--out", out, "--resume", "--json")
+    assert code == 0, err[-3000:]
+    rows = {r["name"]: r for r in json.loads(stdout)["rows"]}
+    assert not rows["cache"].get("resumed") and not rows["baseline"].get("resumed")
+    np.load(out / "rows" / "baseline" / "output.npy")
+
+
+def test_overwrite_replaces_only_what_ditgate_made(run_cli, tmp_path):
+    """`zoo build --overwrite` replaces a model folder it wrote, never a folder of other files."""
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    code, _, err = run_cli("zoo", "build", "flux", precious, "--overwrite")
+    assert code == 2 and "thesis.tex" not in os.listdir(tmp_path) and (precious / "thesis.tex").is_file(), err
+    assert "not" in err and str(precious) in err
+
+
+def test_skill_force_replaces_only_an_installed_skill(run_cli, tmp_path):
+    """`skill install --force` replaces an installed skill, never an arbitrary folder of the same name."""
+    code, out, err = run_cli("skill", "install", "--target", tmp_path)
+    assert code == 0, err
+    installed = tmp_path / ".agents" / "skills" / out.split(":")[0]
+    (installed / "SKILL.md").unlink()
+    (installed / "notes.txt").write_text("not a skill any more")
+    code, _, err = run_cli("skill", "install", "--target", tmp_path, "--force")
+    assert code == 2 and (installed / "notes.txt").is_file(), err

@@ -1,0 +1,182 @@
+"""The four things that must never happen: code from a model folder run without consent, a row whose feature did
+nothing passing, two runs writing into one folder, and workers outliving the run that started them.
+
+These tests drive the command line (`python -m ditgate` in a subprocess where the process itself matters, the
+in-process CLI otherwise). The parallel ones share one hung worker group per test: a 2-rank reference row whose
+integration makes rank 1 sleep, so the group stays alive until something ends it.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PLUGINS = Path(__file__).parent / "plugins"
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+
+
+# -- 1. code inside the model folder is remote code, whatever sys.path says ------------------------------------------
+
+def _evil_model(folder: Path, where: str) -> Path:
+    """A model folder whose model_index.json names a module shipped beside it; importing it leaves folder/RAN."""
+    folder.mkdir()
+    code = "import pathlib\npathlib.Path(__file__).resolve().parent.joinpath('RAN').write_text('ran')\n" \
+           "class EvilPipeline:\n    pass\nclass EvilModel:\n    pass\n"
+    if where == "pipeline":
+        index = {"_class_name": ["evilpipe", "EvilPipeline"]}
+        (folder / "evilpipe.py").write_text(code)
+    else:
+        index = {"_class_name": "FluxPipeline", "transformer": ["evilpipe", "EvilModel"]}
+        (folder / "transformer").mkdir()
+        (folder / "transformer" / "evilpipe.py").write_text(code)
+        (folder / "evilpipe.py").write_text(code)
+    (folder / "model_index.json").write_text(json.dumps(index))
+    return folder
+
+
+@pytest.mark.parametrize("where", ["pipeline", "component"])
+def test_model_folder_code_needs_consent_under_python_m(tmp_path, where):
+    """`cd MODEL && python -m ditgate inspect .` puts MODEL on sys.path; its code must still not run."""
+    model = _evil_model(tmp_path / "model", where)
+    done = subprocess.run([sys.executable, "-m", "ditgate", "inspect", "."], cwd=model, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert not (model / "RAN").exists(), "code from the model folder ran without --trust-remote-code"
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--trust-remote-code" in done.stderr and "Traceback" not in done.stderr
+
+
+# -- 2. a row's proofs follow its phase ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("phase", ["tp", "cp", "tep", "vaep", "hybrid", "cache", "quantization", "compile"])
+def test_phase_without_its_feature_is_refused_before_anything_runs(run_cli, tmp_path, phase):
+    rows = tmp_path / "rows.yaml"
+    rows.write_text(f"- {{name: x, phase: {phase}}}\n")
+    code, out, err = run_cli("run", "zoo:flux", "--rows-file", rows, "--out", tmp_path / "out")
+    assert code == 2, (code, err[-2000:])
+    assert "x" in err and phase in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_rows_whose_feature_is_configured_but_leaves_no_trace_fail():
+    """Every phase has a proof: a configured feature whose facts show nothing fails its proof."""
+    from ditgate import rows
+    from ditgate.run import proofs
+
+    base = rows.BASELINE
+    empty = {"transformer_calls": 8, "last_block_calls": {}, "sharded": {}, "block_seq_len": {}}
+    cases = {
+        "cache": rows.Row("c", "cache", cache={"Fn_compute_blocks": 1}),
+        "quantization": rows.Row("q", "quantization", quantize={"quant_type": "float8_per_row"}),
+        "compile": rows.Row("k", "compile", compile=True),
+        "tp": rows.Row("t", "tp", parallel={"tp_size": 2}),
+        "cp": rows.Row("u", "cp", parallel={"ulysses_size": 2}),
+    }
+    for phase, row in cases.items():
+        found = proofs.check(row, empty, base, empty)
+        assert found and not all(p.passed for p in found), (phase, found)
+
+
+# -- 3 and 4: a hung worker group, then a second run into its folder, then the parent killed ---------------------------
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture()
+def hung_run(tmp_path):
+    """`ditgate run` in a subprocess, stopped inside a 2-rank group (rank 1 sleeps): (process, out, worker pids)."""
+    rows = tmp_path / "rows.yaml"
+    rows.write_text("- {name: hang, baseline: null, parallel: {ulysses_size: 2}}\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "ditgate", "run", "zoo:flux", "--rows-file", str(rows),
+                             "--integration", str(PLUGINS / "flux_rank1_hangs.py"), "--out", str(out),
+                             "--timeout", "600"], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            stages = [json.loads(p.read_text()) for p in out.glob("groups/*/rank*.status.json")]
+            if len(stages) == 2 and {s.get("stage") for s in stages} & {"apply", "run", "barrier"}:
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail("the worker group never started")
+        workers = _descendants(proc.pid)
+        assert len(workers) >= 3  # torchrun and its two ranks
+        yield proc, out, workers
+    finally:
+        for pid in [proc.pid, *workers]:  # never leave a process behind, whatever the test found
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+
+def _gone_within(pids: set[int], seconds: float) -> set[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = {p for p in pids if _alive(p)}
+        if not left:
+            return set()
+        time.sleep(0.5)
+    return {p for p in pids if _alive(p)}
+
+
+def test_two_runs_into_one_folder_are_refused_and_a_stale_lock_is_recognised(hung_run, run_cli):
+    proc, out, workers = hung_run
+    for extra in ([], ["--resume"]):
+        code, _, err = run_cli("run", "zoo:flux", "--rows", "baseline", "--out", out, *extra)
+        assert code == 2, err[-2000:]
+        assert f"pid {proc.pid}" in err and "Traceback" not in err
+    proc.kill()
+    proc.wait()
+    assert not _gone_within(workers, 60)
+    # the lock of the killed run is stale: a --resume takes the folder over
+    code, out_text, err = run_cli("run", "zoo:flux", "--rows", "baseline", "--out", out, "--resume",
+                                  "--integration", PLUGINS / "flux_rank1_hangs.py", "--json")
+    assert code == 0, err[-2000:]
+    assert json.loads(out_text)["rows"][0]["name"] == "baseline"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_workers_die_with_their_parent(hung_run, sig):
+    proc, out, workers = hung_run
+    os.kill(proc.pid, sig)
+    left = _gone_within(workers, 60)
+    assert not left, f"processes left after {sig.name} of the parent: {sorted(left)}"
+    proc.wait(timeout=60)
+    if sig == signal.SIGTERM:  # handled like SIGINT: the run says so and exits 130
+        assert proc.returncode == 130, proc.stderr.read().decode()[-2000:]
