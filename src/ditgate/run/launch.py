@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ditgate.run import lifeline
 from ditgate.run.store import write_json
 from ditgate.run.worker import error_path, status_path
 
@@ -70,12 +71,13 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
     for old in list(group_dir.glob("rank*.json")):
         old.unlink()
     job_file = group_dir / "job.json"
-    write_json(job_file, job)
+    write_json(job_file, job | {"owner_pid": os.getpid()})  # every rank exits when this process is gone
     log_file = group_dir / "log.txt"
     env = dict(os.environ, CACHE_DIT_LOG_LEVEL=os.environ.get("CACHE_DIT_LOG_LEVEL", "warning"),
                PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-           "-m", "ditgate.run.worker", str(job_file)]
+    # torchrun dies with this process (ditgate.run.lifeline), and its ranks with torchrun
+    cmd = lifeline.command(os.getpid(), [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                         f"--nproc_per_node={world_size}", "-m", "ditgate.run.worker", str(job_file)])
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         last_change, last_seen, timed_out = time.monotonic(), None, False

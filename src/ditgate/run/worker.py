@@ -14,6 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
+from ditgate.run import lifeline
 from ditgate.run.store import write_json
 
 
@@ -37,6 +38,8 @@ def main(job_file: str) -> int:
         write_json(status_path(group_dir, rank), {"rank": rank, "row": current["row"], "stage": name,
                                                   "time": time.time(), "pid": os.getpid()})
 
+    lifeline.die_with_parent()  # SIGKILL when torchrun dies
+    lifeline.watch_parents(job.get("owner_pid"))  # and exit when `ditgate run` is gone
     try:
         stage("import")
         import torch
