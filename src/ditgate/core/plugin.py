@@ -10,6 +10,12 @@
     def tp_plan(transformer, tp_mesh, parallelism_config) -> list[dict]
         Shards the transformer in place (torch.distributed.tensor.parallel.parallelize_module, shard_div_attr, ...)
         and returns the layer plans it applied, as cache-dit's TensorParallelismPlanner._apply does.
+    CP_SPLIT_DIMS = {"spatial_blocks": 1, "temporal_blocks": 0}
+        Not a function: for each block list, the dimension of the tensors its blocks return that context
+        parallelism divides by the CP size (`None`: the list runs on the whole sequence on every rank). Keys are a
+        block list's attribute, or `"transformer_2.blocks"` for a list of another transformer component. A list it
+        does not name is split on dimension 1, the sequence of `[batch, sequence, dim]`. ditgate's CP proof checks
+        each list on its dimension; a factorized model (attention within frames, then across frames) needs it.
 
 `cp_plan` and `tp_plan` are registered as cache-dit planners for the transformer's class, ahead of any planner
 cache-dit already has for it; the code moves into cache-dit unchanged as a planner's `_apply`. Planners for a text
@@ -31,6 +37,7 @@ from typing import Any, Callable
 from ditgate.core.errors import DitgateError
 
 HOOKS = ("block_adapter", "cp_plan", "tp_plan")
+SPLIT_DIMS = "CP_SPLIT_DIMS"
 
 
 class PluginError(DitgateError):
@@ -43,6 +50,7 @@ class Integration:
     block_adapter: Callable | None = None
     cp_plan: Callable | None = None
     tp_plan: Callable | None = None
+    cp_split_dims: dict[str, int | None] | None = None
 
     def register_planners(self, class_names: list[str]) -> Callable[[], None]:
         """Make cache-dit use this file's CP/TP plans for transformers of these classes (in this process).
@@ -133,7 +141,19 @@ def load(path: str | Path | None) -> Integration | None:
             raise PluginError(f"{path}: {hook} must be a function")
     if not any(hooks.values()):
         raise PluginError(f"{path} defines none of {', '.join(HOOKS)}")
-    return Integration(path=path, **hooks)
+    return Integration(path=path, cp_split_dims=split_dims(path, getattr(module, SPLIT_DIMS, None)), **hooks)
+
+
+def split_dims(path: Path, value: Any) -> dict[str, int | None] | None:
+    """The file's CP_SPLIT_DIMS, checked: {block list: dimension or None}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k and (v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0))
+            for k, v in value.items()):
+        raise PluginError(f"{path}: {SPLIT_DIMS} must map block list names to a dimension (an int >= 0) or None, "
+                          f"got {value!r}")
+    return dict(value)
 
 
 def _import(path: Path, name: str):

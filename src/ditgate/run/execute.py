@@ -257,6 +257,7 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
                 times.append(time.perf_counter() - start)
         output, modality = _decoded(out)
         facts = probes.facts(request.steps)
+        facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else None
         facts["cache"] = _cache_stats(target) if row.cache else None
         facts["sharded"] = {name: sharded_weights(m) for name, m in _components(pipe).items()} if row.parallel else {}
         if perturbation is not None:

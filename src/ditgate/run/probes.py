@@ -1,8 +1,8 @@
 """Hooks that record what a run really did, without changing it.
 
 They prove that a feature acted: how often the last block of each block list ran (cache skips blocks), the
-number of tokens leaving the first block (context parallelism divides it), how many transformer calls a step
-makes, how often the VAE decoder ran (VAE parallelism splits tiles), the initial noise and the final latents.
+shapes of what the first block of each list returns (context parallelism divides one dimension of them), how many
+calls each transformer gets, how often the VAE decoder ran (VAE parallelism splits tiles), the initial noise and the final latents.
 The noise is the first transformer input, so for a scheduler that scales its input (EDM's c_in) it is the
 scaled noise the model saw. They also time the transformer calls (CUDA events on a GPU, so nothing waits for the device), which tells how much
 of a pipeline call a transformer speedup can act on.
@@ -38,7 +38,9 @@ class Probes:
 
     last_block_calls: dict[str, int] = field(default_factory=dict)
     block_seq_len: dict[str, int] = field(default_factory=dict)
+    block_shapes: dict[str, list[list[int]]] = field(default_factory=dict)  # shapes block 0 of each list returned
     transformer_calls: int = 0
+    calls_by_transformer: dict[str, int] = field(default_factory=dict)  # component name -> calls
     decoder_calls: int = 0
     noise: torch.Tensor | None = None
     latents: torch.Tensor | None = None
@@ -49,6 +51,8 @@ class Probes:
         """Forget what the previous call recorded; the hooks stay attached."""
         self.last_block_calls = {k: 0 for k in self.last_block_calls}
         self.block_seq_len.clear()
+        self.block_shapes.clear()
+        self.calls_by_transformer = {k: 0 for k in self.calls_by_transformer}
         self.transformer_calls = self.decoder_calls = 0
         self.noise = self.latents = None
         self._spans.clear()
@@ -56,7 +60,9 @@ class Probes:
     def attach(self, pipe, compiled: bool = False) -> "Probes":
         eager = torch.compiler.disable if compiled else (lambda hook: hook)
         for tname, transformer in transformers_of(pipe).items():
+            self.calls_by_transformer[tname] = 0
             self._handles.append(transformer.register_forward_pre_hook(eager(self._on_transformer), with_kwargs=True))
+            self._handles.append(transformer.register_forward_pre_hook(eager(self._count_calls(tname))))
             self._handles.append(transformer.register_forward_hook(eager(self._after_transformer)))
             for lname, blocks in block_lists(transformer).items():
                 key = f"{tname}.{lname}"
@@ -84,6 +90,11 @@ class Probes:
         if self._spans and self._spans[-1][1] is None:
             self._spans[-1][1] = _now(self._spans[-1][0])
 
+    def _count_calls(self, name):
+        def hook(module, args):
+            self.calls_by_transformer[name] += 1
+        return hook
+
     def _counter(self, key):
         def hook(module, args, output):
             self.last_block_calls[key] += 1
@@ -97,6 +108,8 @@ class Probes:
             tokens = sum(int(t.shape[1]) for t in outputs if isinstance(t, torch.Tensor) and t.dim() == 3)
             if tokens and key not in self.block_seq_len:
                 self.block_seq_len[key] = tokens
+            if key not in self.block_shapes:
+                self.block_shapes[key] = [list(t.shape) for t in outputs if isinstance(t, torch.Tensor)]
         return hook
 
     def _on_decoder(self, module, args, output):
@@ -141,7 +154,9 @@ class Probes:
         return {
             "last_block_calls": dict(self.last_block_calls),
             "block_seq_len": dict(self.block_seq_len),
+            "block_shapes": {k: [list(s) for s in v] for k, v in self.block_shapes.items()},
             "transformer_calls": self.transformer_calls,
+            "calls_by_transformer": dict(self.calls_by_transformer),
             "calls_per_step": (self.transformer_calls / steps) if steps else None,
             "decoder_calls": self.decoder_calls,
             "transformer_time_s": self.transformer_time(),
