@@ -10,8 +10,10 @@ forward that loops over the pairs; a pair takes and returns `hidden_states` only
 cache-dit's own `PatchFunctor.apply` skips classes outside diffusers, so the patch is applied here, before
 `BlockAdapter` is built.
 
-Context parallelism (`cp_plan`). The tokens of each frame are split: `hidden_states` of the first spatial block on
-dimension 1. The temporal blocks then receive `[B * N/world, F, D]`: all frames of the local tokens, so temporal
+Context parallelism (`cp_plan`). The tokens of each frame are split where they are made, at the output of
+`x_embedder` (dimension 1 of `[B*F, N, D]`): before the block lists, so that a cached list of pairs sees one
+sequence length at its entry and its exit (a split inside the first block breaks cache-dit's residuals). The
+temporal blocks then receive `[B * N/world, F, D]`: all frames of the local tokens, so temporal
 attention runs locally, and their split dimension is 0. `CP_SPLIT_DIMS` says so, for ditgate's CP proof. The
 position table `pos` is built in `forward` and reaches every spatial block unchanged: it is split at
 `spatial_blocks.*` (dimension 0), since no module produces it. The frame table and the text stay whole:
@@ -114,14 +116,14 @@ def install_processors(transformer) -> None:
             block.attn.set_processor(DispatchedSelfAttnProcessor())
 
 
-def _split(dim: int, dims: int) -> _ContextParallelInput:
-    return _ContextParallelInput(split_dim=dim, expected_dims=dims, split_output=False)
+def _split(dim: int, dims: int, output: bool = False) -> _ContextParallelInput:
+    return _ContextParallelInput(split_dim=dim, expected_dims=dims, split_output=output)
 
 
 def cp_plan(transformer, parallelism_config):
     install_processors(transformer)
     return {
-        "spatial_blocks.0": {"hidden_states": _split(1, 3)},  # the tokens of every frame
+        "x_embedder": {0: _split(1, 3, output=True)},  # the tokens of every frame, before any (cached) block list
         "spatial_blocks.*": {"pos": _split(0, 2)},  # built in forward, handed unchanged to every spatial block
         "proj_out": _ContextParallelOutput(gather_dim=1, expected_dims=3),
     }

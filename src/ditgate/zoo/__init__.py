@@ -72,6 +72,20 @@ ZOO: dict[str, ZooModel] = {
                  builders.build_tinymm,
                  {"prompt": "a tiny red cube on a table", "height": 64, "width": 64, "num_inference_steps": 8,
                   "guidance_scale": 4.0, "max_sequence_length": 48}),
+        ZooModel("tinyst", "TinySTPipeline", "video",
+                 "not in diffusers (examples/tinyst): factorized attention, 2 spatial + 2 temporal blocks "
+                 "interleaved, a position table built in forward, masked cross-attention; T5; 4 frames of 32x32 -> "
+                 "4 x 64 tokens; CFG pair of different prompt lengths",
+                 builders.build_tinyst,
+                 {"prompt": "a tiny red cube spinning on a table", "negative_prompt": "blurry", "height": 32,
+                  "width": 32, "num_frames": 4, "num_inference_steps": 8, "guidance_scale": 4.0,
+                  "max_sequence_length": 32}),
+        ZooModel("tinymoe", "TinyMoEPipeline", "image",
+                 "not in diffusers (examples/tinymoe): 2 blocks with an expert-choice MoE (4 packed experts, a fused "
+                 "SwiGLU shared expert), chunked modulation, q_norm/k_norm; T5; 32x32 -> 64 tokens",
+                 builders.build_tinymoe,
+                 {"prompt": "a tiny red cube on a table", "negative_prompt": "blurry", "height": 32, "width": 32,
+                  "num_inference_steps": 8, "guidance_scale": 4.0, "max_sequence_length": 32}),
     ]
 }
 

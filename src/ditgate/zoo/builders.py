@@ -153,6 +153,34 @@ def build_tinymm(seed: int = 0):
                           tokenizer=t5_tokenizer(), transformer=transformer)
 
 
+def _example_pipeline(package: str, pipeline: str, transformer: str, seed: int, **config):
+    """A pipeline of an example package (T5 text encoder, AutoencoderKL, Euler flow scheduler) with seeded weights."""
+    import importlib
+
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from ditgate.core.examples import ensure_importable
+
+    ensure_importable(package)
+    module = importlib.import_module(package)
+    model = _seeded(seed, lambda: getattr(module, transformer)(**config))
+    return getattr(module, pipeline)(scheduler=FlowMatchEulerDiscreteScheduler(),
+                                     vae=_kl_vae(seed + 2, shift_factor=0.0, scaling_factor=1.0),
+                                     text_encoder=_t5(seed + 1, 32), tokenizer=t5_tokenizer(), transformer=model)
+
+
+def build_tinyst(seed: int = 0):
+    """TinySTPipeline (examples/tinyst): 2 spatial + 2 temporal blocks interleaved, 4 heads x 8; T5, per-frame VAE."""
+    return _example_pipeline("tinyst", "TinySTPipeline", "TinySTTransformer3DModel", seed, num_layers=2,
+                             num_attention_heads=4, attention_head_dim=8, text_dim=32)
+
+
+def build_tinymoe(seed: int = 0):
+    """TinyMoEPipeline (examples/tinymoe): 2 blocks, 4 heads x 8, 4 packed experts of width 64; T5, AutoencoderKL."""
+    return _example_pipeline("tinymoe", "TinyMoEPipeline", "TinyMoETransformer2DModel", seed, num_layers=2,
+                             num_attention_heads=4, attention_head_dim=8, text_dim=32, num_experts=4, expert_dim=64)
+
+
 def build_stable_audio(seed: int = 0):
     """StableAudioPipeline: 4 blocks, 8 query / 4 key-value heads x 8, T5 encoder, Oobleck VAE, EDM DPM-Solver.
 
