@@ -12,7 +12,7 @@ SKILL_FILE = "SKILL.md"
 REFERENCES = "references"
 # What a skill installation holds (see `ditgate.skill.install`). Links are copied as they are, so every relative
 # link of the skill must stay inside these parts.
-INSTALLED_PARTS: tuple[str, ...] = (SKILL_FILE, REFERENCES, "checklists", "notebooks")
+INSTALLED_PARTS: tuple[str, ...] = (SKILL_FILE, REFERENCES, "checklists", "notebooks", "examples")
 
 
 class SkillRootError(DitgateError, FileNotFoundError):
