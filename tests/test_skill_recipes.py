@@ -57,3 +57,16 @@ def test_recipes_run_as_scripts_from_elsewhere(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0 and "matches one process" in ok.stdout, ok.stdout + ok.stderr
     assert bad.returncode == 1 and "WRONG" in bad.stdout, bad.stdout + bad.stderr
+
+
+def test_the_practice_integration_file_is_the_one_testing_md_shows():
+    from ditgate.core.plugin import load
+
+    text = (ROOT / "references" / "testing.md").read_text(encoding="utf-8")
+    start = text.index("```python\n# flux_as_new.py")
+    fence = text[start:text.index("```\n", start + 10)].split("\n")[3:]       # drop the fence line and 2 comments
+    path = ROOT / "examples" / "plugins" / "flux_as_new.py"
+    code = path.read_text(encoding="utf-8")
+    assert code.endswith("\n".join(fence)), "examples/plugins/flux_as_new.py differs from the file testing.md shows"
+    integration = load(path)
+    assert all(getattr(integration, hook) is not None for hook in ("block_adapter", "cp_plan", "tp_plan"))

@@ -49,6 +49,7 @@ PHASE_NAMES: tuple[tuple[str, str], ...] = (
     (r"\bVAE-?P\b", "vaep"),
     (r"\bhybrid\b", "hybrid"),
     (r"\bquanti[sz]\w*", "quantization"),
+    (r"\bcompile\b", "compile"),
     (r"\baudio\b", "audio"),
     (r"\bgarbled\b", "garbled"),
 )
