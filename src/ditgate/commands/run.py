@@ -41,6 +41,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="seconds a parallel group may go without progress before it is killed (default 600)")
     parser.add_argument("--warmup", type=int, default=0, help="untimed calls before the timed ones (default 0)")
     parser.add_argument("--repeats", type=int, default=1, help="timed calls; the median is reported (default 1)")
+    parser.add_argument("--no-diff", action="store_true",
+                        help="do not diff a failed exact row against its baseline (see `ditgate diff`)")
     parser.add_argument("--json", action="store_true", help="print report.json instead of the table")
 
 
@@ -71,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = RunConfig(model=args.model, rows=chosen, request=build_request(args), out=args.out, dtype=args.dtype,
                     device=resolve_device(args.device), integration=args.integration, pipeline=args.pipeline,
                     trust_remote_code=args.trust_remote_code, timeout=args.timeout, resume=args.resume,
-                    warmup=args.warmup, repeats=args.repeats)
+                    warmup=args.warmup, repeats=args.repeats, diff=not args.no_diff)
     report = run(cfg)
     if args.json:
         print(json.dumps(report, indent=2, default=str))

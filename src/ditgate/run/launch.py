@@ -64,8 +64,10 @@ def _read_all(group_dir: Path, world_size: int, path_of) -> list[dict[str, Any]]
 
 
 def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
-              on_poll: Callable[[], None] | None = None, poll: float = 0.5) -> GroupOutcome:
-    """Run `job` (see ditgate.run.worker) on `world_size` ranks and wait for it."""
+              on_poll: Callable[[], None] | None = None, poll: float = 0.5,
+              module: str = "ditgate.run.worker") -> GroupOutcome:
+    """Run `job` on `world_size` ranks and wait for it: `python -m MODULE JOB.json` under torchrun (default: the
+    row worker, see ditgate.run.worker; `ditgate diff` starts its own)."""
     group_dir = Path(job["group_dir"])
     group_dir.mkdir(parents=True, exist_ok=True)
     for old in list(group_dir.glob("rank*.json")):
@@ -77,7 +79,7 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
                PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     # torchrun dies with this process (ditgate.run.lifeline), and its ranks with torchrun
     cmd = lifeline.command(os.getpid(), [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                         f"--nproc_per_node={world_size}", "-m", "ditgate.run.worker", str(job_file)])
+                                         f"--nproc_per_node={world_size}", "-m", module, str(job_file)])
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         last_change, last_seen, timed_out = time.monotonic(), None, False

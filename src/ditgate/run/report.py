@@ -60,6 +60,7 @@ def _row_record(state, base, profile) -> dict[str, Any]:
         "facts": result.get("facts"),
         "error": result.get("error"),
         "resumed": bool(result.get("resumed")),
+        "diff": state.diff,
     }
 
 

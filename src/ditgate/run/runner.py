@@ -61,6 +61,7 @@ class RunConfig:
     warmup: int = 0
     repeats: int = 1
     gates: Path | None = None  # gate table to judge with; None: checklists/gates.json
+    diff: bool = False  # a failed exact row gets a `ditgate diff` section (ditgate.run.diff.diagnose)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class RowState:
     proofs: list[dict[str, Any]] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     measured: dict[str, Any] | None = None  # the calibration row: the noise floor it measured
+    diff: dict[str, Any] | None = None  # a failed exact row: where it first departs from its baseline
 
     @property
     def ran(self) -> bool:
@@ -294,6 +296,10 @@ class Runner:
         for state in self.states.values():
             self._judge(state)
         self._audio_floor()  # the calibration row's measurement shows in the report even without an audio row gated
+        if self.cfg.diff:
+            from ditgate.run.diff import diagnose
+
+            diagnose(self)
         note = None
         if self.profile is None and any(s.ran and (s.row.cache or s.row.world_size > 1)
                                         for s in self.states.values()):
