@@ -176,8 +176,12 @@ def _candidate(job: dict[str, Any], rank: int, local_rank: int = 0) -> None:
 
     reference = json.loads(Path(job["reference"]).read_text())
     row = rows.from_mapping({k: v for k, v in job["row"].items() if k != "world_size"})
+    from ditgate.core import plugin
+
+    integration = plugin.load(job.get("integration"))
     recorder = Recorder(reference=reference["summaries"], segments=reference["segments"],
-                        full=set(job["full"]), inputs=set(job["inputs"]))
+                        full=set(job["full"]), inputs=set(job["inputs"]),
+                        split_dims=integration.cp_split_dims if integration is not None else None)
     _record(row, job, recorder, local_rank)
     if rank == 0:
         _dump(Path(job["result"]), recorder, job["device"])

@@ -14,6 +14,9 @@ stream, in the order nearest the baseline's samples (the order is the model's; a
 right there, so a RoPE table sliced over the joint sequence shows as a divergence). The transformer's own output is never
 gathered: the pipeline uses it as it is, so a missing gather shows there.
 
+A block's output is gathered only along the dimension the integration's CP_SPLIT_DIMS declares for its block list
+(None: it must be whole on every rank); a block split otherwise counts as diverged, with the reason.
+
 By default only a summary of each tensor is kept (`Summary`: norm, largest magnitude, values at fixed sampled
 indices, a hash of the bytes); `full=` names the modules whose whole tensors are kept (the second pass, around
 the first divergence), `inputs=` those whose first input is kept too.
@@ -21,13 +24,12 @@ the first divergence), `inputs=` those whose first input is kept too.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ditgate.core.components import transformers_of
+from ditgate.core.components import block_lists, transformers_of
 
 SAMPLES = 256  # sampled elements per tensor in a summary
 INPUT_KEYS = ("attention_mask", "image_rotary_emb", "rotary_emb", "freqs_cis")  # attention inputs recorded
@@ -43,16 +45,26 @@ def sample_indices(numel: int, device) -> torch.Tensor:
     return torch.randint(0, max(numel, 1), (min(SAMPLES, numel),), generator=gen).to(device)
 
 
+def digest(flat: torch.Tensor) -> str:
+    """A fingerprint of the bytes of `flat`, computed where the tensor is (no copy to the host): two position-weighted
+    sums of its bit patterns. Equal bytes give equal digests in every process; a changed bit changes it."""
+    flat = flat.contiguous()
+    if flat.dtype == torch.bool:
+        flat = flat.to(torch.uint8)
+    kinds = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    bits = flat.view(kinds[flat.element_size()]).to(torch.int64)
+    weights = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64) % 65521 + 1
+    return f"{int((bits * weights).sum()) & 0xFFFFFFFFFFFF:012x}{int(bits.sum()) & 0xFFFF:04x}"
+
+
 def summarize(t: torch.Tensor) -> dict[str, Any]:
     flat = t.detach().reshape(-1)
-    values = flat.double() if not flat.is_floating_point() else flat.to(torch.float64)
-    cpu = flat.cpu().contiguous()
-    raw = cpu.view(torch.uint8) if cpu.dtype != torch.bool else cpu.to(torch.uint8)
+    values = flat.to(torch.float64)
     return {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
             "norm": float(values.norm()) if values.numel() else 0.0,
             "absmax": float(values.abs().max()) if values.numel() else 0.0,
             "samples": values[sample_indices(values.numel(), values.device)].cpu().tolist(),
-            "hash": hashlib.sha1(raw.numpy().tobytes()).hexdigest()[:16]}
+            "hash": digest(flat)}
 
 
 def _flat(value, prefix: str = "", depth: int = 0) -> list[tuple[str, torch.Tensor]]:
@@ -86,17 +98,26 @@ class Recorder:
     summaries: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> summary, in execution order
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> whole tensor (CPU, own dtype)
     notes: dict[str, str] = field(default_factory=dict)  # key -> how it was gathered (candidate)
+    split_dims: dict[str, int | None] | None = None  # an integration's CP_SPLIT_DIMS (candidate ranks)
     crash: dict[str, str] | None = None  # the call raised: the innermost module it was in, and the error
     _calls: dict[str, int] = field(default_factory=dict)
     _open: list = field(default_factory=list)  # modules entered and not yet returned, innermost last
+    _blocks: dict[str, str] = field(default_factory=dict)  # a block's key -> its block list ("transformer.blocks")
     _handles: list = field(default_factory=list)
     _roots: set[str] = field(default_factory=set)
 
     def attach(self, pipe) -> "Recorder":
+        """Hook the text encoders and transformers of `pipe`."""
         comps = getattr(pipe, "components", {})
         encoders = {k: v for k, v in comps.items() if k.startswith("text_encoder") and isinstance(v, torch.nn.Module)}
-        for cname, component in {**encoders, **transformers_of(pipe)}.items():
+        return self.attach_components({**encoders, **transformers_of(pipe)})
+
+    def attach_components(self, components: dict[str, torch.nn.Module]) -> "Recorder":
+        """Hook every module of `components` (name -> module; names starting with "transformer" end the call)."""
+        for cname, component in components.items():
             is_transformer = cname.startswith("transformer")
+            for lname, blocks in (block_lists(component) if is_transformer else {}).items():
+                self._blocks.update((f"{cname}.{lname}.{i}", f"{cname}.{lname}") for i in range(len(blocks)))
             for name, module in component.named_modules():
                 key = f"{cname}.{name}" if name else cname
                 if not name and is_transformer:
@@ -105,7 +126,8 @@ class Recorder:
                 code = getattr(type(module).forward, "__code__", None)
                 if name and code is not None and any(k in code.co_varnames for k in INPUT_KEYS):
                     self._handles.append(module.register_forward_pre_hook(self._pre(key), with_kwargs=True))
-                self._handles.append(module.register_forward_pre_hook(self._enter(key)))
+                self._handles.append(module.register_forward_pre_hook(self._enter(key, key in self._roots),
+                                                                      with_kwargs=True))
                 self._handles.append(module.register_forward_hook(self._post(key, root=key in self._roots)))
         return self
 
@@ -121,10 +143,6 @@ class Recorder:
                 streams = [kwargs.get(k) for k in ("encoder_hidden_states", "hidden_states")]
                 if all(isinstance(s, torch.Tensor) and s.dim() == 3 for s in streams):
                     self.segments = [int(s.shape[1]) for s in streams]
-            if key in self.inputs:
-                first = kwargs.get("hidden_states", args[0] if args else None)
-                if isinstance(first, torch.Tensor):
-                    self._keep(f"{key}:input", first, root=True)
         return hook
 
     def _pre(self, key):
@@ -132,15 +150,15 @@ class Recorder:
             for name in INPUT_KEYS:
                 for suffix, t in _flat(kwargs.get(name), ""):
                     self._keep(f"{key}:{name}{suffix}", t)
+        return hook
+
+    def _enter(self, key, root: bool):
+        def hook(module, args, kwargs):
+            self._open.append(key)
             if key in self.inputs:
                 first = kwargs.get("hidden_states", args[0] if args else None)
                 if isinstance(first, torch.Tensor):
-                    self._keep(f"{key}:input", first)
-        return hook
-
-    def _enter(self, key):
-        def hook(module, args):
-            self._open.append(key)
+                    self._keep(f"{key}:input", first, root=root)
         return hook
 
     def _post(self, key, root: bool):
@@ -190,6 +208,15 @@ class Recorder:
             self.notes[key] = f"local shape {list(t.shape)} cannot be gathered into {want} over {world} ranks"
             return None
         dim = dims[0]
+        block = self._blocks.get(key.split("[")[0])
+        if block is not None and self.split_dims:
+            from ditgate.run.proofs import split_dim
+
+            declared, said = split_dim(block, self.split_dims)
+            if said and declared != dim % t.dim():
+                self.notes[key] = (f"split on dim {dim} ({list(t.shape)} of {want}) where CP_SPLIT_DIMS declares "
+                                   f"{declared} for {block.split('.', 1)[-1]}")
+                return None
         pieces = [torch.empty_like(t) for _ in range(world)]
         dist.all_gather(pieces, t.contiguous())
         options = {f"concatenated along dim {dim}": torch.cat(pieces, dim)}
