@@ -213,23 +213,27 @@ def diff(cfg: DiffConfig) -> dict[str, Any]:
         report.update(first=lines[first]["module"], named=crash["module"], reason=(
             f"the row raises inside {crash['module']} ({crash['error']}); every module before matches the baseline"))
     elif first is not None:
-        report.update(_locate(cfg, lines, first, tol))
+        rerun = lambda full, inputs: _pass(cfg, "full", full, inputs)[2:]  # noqa: E731
+        report.update(locate(lines, first, tol, cfg.window, rerun))
     report["wall_s"] = round(time.perf_counter() - start, 2)
     _write(cfg.out, report)
     return report
 
 
-def _locate(cfg: DiffConfig, lines: list[dict], first: int, tol: float) -> dict[str, Any]:
+def locate(lines: list[dict], first: int, tol: float, window: int, rerun) -> dict[str, Any]:
+    """The module to name, from the summary pass's `lines` and their `first` divergence. `rerun(full, inputs)` runs
+    the second pass and returns the whole tensors it kept, (baseline, candidate): those of the keys in `full`, and
+    the first input of the modules in `inputs`."""
     line = lines[first]
     if line["module"].split("[")[0] in _roots(lines) and line["status"].startswith("shape"):
-        split = [x for x in lines[:first] if x["gathered"].startswith(("concatenated", "gathered"))]
+        split = [x for x in lines[:first] if x.get("gathered", "").startswith(("concatenated", "gathered"))]
         named = _module_of(split[-1]["module"]) if split else line["module"]
         return {"first": line["module"], "named": named, "reason": (
             f"the transformer's output is still split across the ranks ({line['status']}): {named} is the last "
             f"module whose output is split; gather it there (a _ContextParallelOutput in the CP plan)")}
-    keys = [x["module"] for x in lines[max(0, first - BEFORE): first + cfg.window + 1]]
+    keys = [x["module"] for x in lines[max(0, first - BEFORE): first + window + 1]]
     module = _module_of(line["module"])
-    _, _, bt, ct = _pass(cfg, "full", set(keys), {module})
+    bt, ct = rerun(set(keys), {module})
     for x in lines:
         if x["module"] in keys and x["module"] in bt and x["module"] in ct and bt[x["module"]].shape == ct[
                 x["module"]].shape:
