@@ -133,7 +133,7 @@ def hung_run(tmp_path):
         else:
             pytest.fail("the worker group never started")
         workers = _descendants(proc.pid)
-        assert len(workers) >= 3  # torchrun and its two ranks
+        assert len(workers) >= 2  # the two ranks (forked from the run on CPU; under torchrun elsewhere)
         yield proc, out, workers
     finally:
         for pid in [proc.pid, *workers]:  # never leave a process behind, whatever the test found

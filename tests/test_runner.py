@@ -118,21 +118,35 @@ def test_broken_integrations_fail_with_a_useful_reason(tmp_path, plugin, row, wo
         assert word in reasons, reasons
 
 
+def _fails_alone(report, failed="cp-ulysses-2", after="cp-ring-2"):
+    """`failed` is an error with its reason, the row after it in the same world size passed (its group restarted)."""
+    by_name = _rows(report)
+    assert by_name[failed]["status"] == "error"
+    assert by_name[after]["status"] == "passed", by_name[after]["reasons"]
+    return by_name[failed]
+
+
 def test_crashed_rank_is_named(tmp_path):
-    report = _run("zoo:flux", "cp-ulysses-2", tmp_path / "run", integration=PLUGINS / "flux_rank1_crashes.py")
-    result = _rows(report)["cp-ulysses-2"]
-    assert result["status"] == "error"
+    report = _run("zoo:flux", "cp-ulysses-2,cp-ring-2", tmp_path / "run",
+                  integration=PLUGINS / "flux_rank1_crashes.py")
+    result = _fails_alone(report)
     assert "rank 1 failed in row 'cp-ulysses-2' at stage 'apply': RuntimeError: planted failure on rank 1" in \
         result["reasons"][0]
     ranks = {r["rank"]: r for r in result["error"]["ranks"]}
     assert "planted failure" in ranks[1]["traceback"]
 
 
+def test_killed_rank_is_named(tmp_path):
+    report = _run("zoo:flux", "cp-ulysses-2,cp-ring-2", tmp_path / "run", integration=PLUGINS / "flux_rank1_killed.py")
+    result = _fails_alone(report)
+    assert "rank 1 was killed by SIGKILL in row 'cp-ulysses-2' at stage 'apply'" in result["reasons"][0]
+
+
 def test_hung_rank_ends_in_a_report(tmp_path):
-    report = _run("zoo:flux", "cp-ulysses-2", tmp_path / "run", integration=PLUGINS / "flux_rank1_hangs.py",
+    report = _run("zoo:flux", "cp-ulysses-2,cp-ring-2", tmp_path / "run", integration=PLUGINS / "flux_rank1_hangs.py",
                   timeout=30)
-    result = _rows(report)["cp-ulysses-2"]
-    assert result["status"] == "error" and result["error"]["timed_out"]
+    result = _fails_alone(report)
+    assert result["error"]["timed_out"]
     assert "no progress" in result["reasons"][0]
     assert "rank 1 in row 'cp-ulysses-2' at stage 'apply'" in result["reasons"][0]
 

@@ -43,6 +43,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed calls; the median is reported (default 1)")
     parser.add_argument("--no-diff", action="store_true",
                         help="do not diff a failed exact row against its baseline (see `ditgate diff`)")
+    parser.add_argument("--launch", choices=("once", "per-row"), default="once",
+                        help="once (default): the pipeline is loaded once per process and each row runs on a fresh "
+                             "copy of it, one worker group per world size; per-row: every row loads from disk and "
+                             "every multi-rank row starts its own torchrun group (the design before, to compare)")
     parser.add_argument("--json", action="store_true", help="print report.json instead of the table")
 
 
@@ -73,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = RunConfig(model=args.model, rows=chosen, request=build_request(args), out=args.out, dtype=args.dtype,
                     device=resolve_device(args.device), integration=args.integration, pipeline=args.pipeline,
                     trust_remote_code=args.trust_remote_code, timeout=args.timeout, resume=args.resume,
-                    warmup=args.warmup, repeats=args.repeats, diff=not args.no_diff)
+                    warmup=args.warmup, repeats=args.repeats, diff=not args.no_diff, launch=args.launch)
     report = run(cfg)
     if args.json:
         print(json.dumps(report, indent=2, default=str))

@@ -1,7 +1,9 @@
-"""Run one row in this process (one rank of it under torchrun): load, apply the row, generate, record.
+"""Run one row in this process (one rank of it in a worker group): copy, apply the row, generate, record.
 
-Every row loads the pipeline afresh from disk: cache-dit's hooks and tensor-parallel weights cannot be taken off
-again reliably, and a fresh load keeps rows independent.
+A row runs on its own copy of the pipeline, made from the process's pristine pipeline (`ditgate.run.isolation.
+Pristine`, loaded once): cache-dit's hooks and tensor-parallel weights cannot be taken off again reliably, and a
+copy that is thrown away after the row keeps rows independent without reading the weights from disk again. Without
+a pristine pipeline (`--launch per-row`) the row loads its own from disk.
 
 Order of features, as cache-dit wants it: cache, then parallelism, then quantization (one `enable_cache` call),
 then torch.compile of the transformer(s) with cache-dit's recommended compiler settings. The warm-up calls absorb
@@ -26,7 +28,7 @@ from ditgate.run import audio
 from ditgate.core import request as request_mod
 from ditgate.gates.calibration import OutputNoise
 from ditgate.core.errors import DitgateError
-from ditgate.run.isolation import ClassSnapshot
+from ditgate.run.isolation import ClassSnapshot, Pristine
 from ditgate.core.loader import load
 from ditgate.core.plugin import Integration
 from ditgate.core.components import transformers_of
@@ -51,6 +53,7 @@ class Outcome:
     peak_memory: dict[str, Any]
     facts: dict[str, Any] = field(default_factory=dict)
     sample_rate: int | None = None  # audio: samples per second of `output` (the VAE's sampling rate)
+    overhead: dict[str, float] = field(default_factory=dict)  # seconds outside the pipeline calls (see run_row)
 
 
 def cache_config(row: Row, steps: int | None):
@@ -174,9 +177,9 @@ def _device_for_rank(device: str, local_rank: int) -> str:
     return device
 
 
-def _peak_memory(device: str) -> dict[str, Any]:
-    if device.startswith("cuda"):
-        return {"kind": "cuda-max-allocated", "bytes": int(torch.cuda.max_memory_allocated(device))}
+def _peak_memory(device: str, resident: int = 0) -> dict[str, Any]:
+    if device.startswith("cuda"):  # `resident`: the pristine copy this process keeps on the GPU, not the row's
+        return {"kind": "cuda-max-allocated", "bytes": int(torch.cuda.max_memory_allocated(device)) - resident}
     # ru_maxrss is in KiB on Linux: the peak resident set of this process since it started
     return {"kind": "cpu-process-peak-rss", "bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 
@@ -216,19 +219,40 @@ def generate(pipe, request: Request, probes: Probes):
 
 def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float32", device: str = "cpu",
             integration: Integration | None = None, warmup: int = 0, repeats: int = 1, local_rank: int = 0,
-            pipeline: str | None = None, trust_remote_code: bool = False, on_stage=None) -> Outcome:
-    """Load the model, apply `row`, generate `warmup + repeats` times; the last call's outputs are kept."""
+            pipeline: str | None = None, trust_remote_code: bool = False, on_stage=None,
+            pristine: Pristine | None = None) -> Outcome:
+    """Copy the pristine pipeline (or load the model when there is none), apply `row`, generate `warmup + repeats`
+    times; the last call's outputs are kept. `Outcome.overhead` says where the row's time outside the pipeline
+    calls went: `load_s` (from disk), `restore_s` (the copy of the pristine pipeline), `setup_s` (applying the row,
+    taking it off again); `generate_s` is the sum of every call, warm-up included."""
     with _compiler_settings(bool(row.compile)):
         return _run_row(row, model_path, request, dtype=dtype, device=_device_for_rank(device, local_rank),
                         integration=integration, warmup=warmup, repeats=repeats, pipeline=pipeline,
-                        trust_remote_code=trust_remote_code, stage=on_stage or (lambda name: None))
+                        trust_remote_code=trust_remote_code, stage=on_stage or (lambda name: None),
+                        pristine=pristine)
+
+
+def load_pristine(model_path: Path, *, dtype: str = "float32", device: str = "cpu", local_rank: int = 0,
+                  pipeline: str | None = None, trust_remote_code: bool = False) -> Pristine:
+    """The pipeline of a run, loaded once in this process, for every row that runs here (see isolation.Pristine)."""
+    device = _device_for_rank(device, local_rank)
+    start = time.perf_counter()
+    pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
+    return Pristine(pipe, device, load_s=time.perf_counter() - start)
 
 
 def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device: str,
              integration: Integration | None, warmup: int, repeats: int, pipeline: str | None,
-             trust_remote_code: bool, stage) -> Outcome:
-    stage("load")
-    pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
+             trust_remote_code: bool, stage, pristine: Pristine | None) -> Outcome:
+    began = time.perf_counter()
+    overhead = {"load_s": 0.0, "restore_s": 0.0}
+    if pristine is None:
+        stage("load")
+        pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
+        overhead["load_s"] = time.perf_counter() - began
+    else:
+        stage("restore")
+        pipe, overhead["restore_s"] = pristine.fresh()
     unregister = None
     if integration is not None:
         unregister = integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
@@ -253,8 +277,10 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
             out = generate(pipe, request, probes)
             if device.startswith("cuda"):
                 torch.cuda.synchronize(device)
+            took = time.perf_counter() - start
+            overhead["generate_s"] = overhead.get("generate_s", 0.0) + took
             if i >= warmup:
-                times.append(time.perf_counter() - start)
+                times.append(took)
         output, modality = _decoded(out)
         facts = probes.facts(request.steps)
         facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else None
@@ -267,7 +293,8 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
                        sample_rate=audio.sample_rate(pipe) if modality == "audio" else None,
                        latents=None if probes.latents is None else probes.latents.numpy(),
                        noise=None if start_noise is None else start_noise.numpy(),
-                       times=times, peak_memory=_peak_memory(device), facts=facts)
+                       times=times, peak_memory=_peak_memory(device, pristine.resident_bytes if pristine else 0),
+                       facts=facts, overhead=overhead)
     finally:
         probes.detach()
         if perturbation is not None:
@@ -286,6 +313,8 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
         gc.collect()
         if device.startswith("cuda"):
             torch.cuda.empty_cache()  # the next row's peak memory starts from its own weights
+        overhead["setup_s"] = (time.perf_counter() - began - overhead["load_s"] - overhead["restore_s"]
+                               - overhead.get("generate_s", 0.0))
 
 
 def _components(pipe) -> dict[str, torch.nn.Module]:
@@ -312,6 +341,8 @@ def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
         "modality": outcome.modality, "sample_rate": outcome.sample_rate, "times": outcome.times,
         "latency_s": float(np.median(outcome.times)) if outcome.times else None,
         "peak_memory": outcome.peak_memory, "facts": outcome.facts,
+        "generate_s": outcome.overhead.get("generate_s"),
+        "overhead": {k: round(v, 4) for k, v in outcome.overhead.items() if k != "generate_s"},
     }
     files = {}
     if outcome.modality == "audio" and outcome.sample_rate and np.isfinite(outcome.output).all():

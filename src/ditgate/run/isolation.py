@@ -1,4 +1,8 @@
-"""Undo class-level patches between rows that share a process.
+"""Rows that share a process: each starts from the pristine pipeline, and class-level patches are undone after it.
+
+A run loads the pipeline once per process (`Pristine`) and gives every row its own copy (`Pristine.fresh`): the
+weights come from memory, not the disk, and whatever a row does to its copy (cache-dit's hooks, tensor-parallel
+DTensors, quantized layers, compiled blocks, a tiled VAE) goes away with the copy.
 
 cache-dit patches classes, not only instances: a context-parallel planner replaces e.g.
 `WanAttnProcessor.__call__` with a version that expects `_cp_config` on every processor, and the cache adapter
@@ -10,6 +14,8 @@ objects belong to before a row and puts them back after it.
 
 from __future__ import annotations
 
+import copy
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -51,3 +57,62 @@ class ClassSnapshot:
                 delattr(klass, name)
                 restored.append(f"{klass.__name__}.{name}")
         return restored
+
+
+def _tensors_of(pipe):
+    """Every tensor the pipeline's modules hold: parameters, buffers and plain tensor attributes (weight_norm keeps
+    its computed weight as one)."""
+    for component in getattr(pipe, "components", {}).values():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        for module in component.modules():
+            for value in vars(module).values():
+                if isinstance(value, torch.Tensor):
+                    yield value
+            yield from (t for t in module._parameters.values() if t is not None)
+            yield from (t for t in module._buffers.values() if t is not None)
+
+
+def _copy_of(tensor: torch.Tensor, device) -> torch.Tensor:
+    if tensor.is_meta:  # no data to copy (a weight_norm weight before its first forward recomputes it)
+        return tensor
+    data = tensor.detach().to(device, copy=True)
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
+    return data
+
+
+class Pristine:
+    """A pipeline loaded once, never run, never changed; every row runs on a copy of it (`fresh`).
+
+    On CUDA the pristine copy stays on the GPU when there is room for two copies of the weights (a copy there takes
+    milliseconds), else it waits in host memory and each row copies it over. `resident_bytes` is what it keeps on
+    the row's device (taken off the row's peak memory, so the peak is the row's own)."""
+
+    def __init__(self, pipe, device: str, load_s: float = 0.0):
+        self.pipe, self.device, self.load_s = pipe, device, load_s
+        self.bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in _tensors_of(pipe)}.values())
+        self.on_host = False
+        if device.startswith("cuda"):
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            if free < self.bytes * 1.5:  # a second copy would leave too little for the row's activations
+                self.pipe = pipe.to("cpu")
+                self.on_host = True
+                torch.cuda.empty_cache()
+
+    @property
+    def resident_bytes(self) -> int:
+        return 0 if self.on_host or not self.device.startswith("cuda") else self.bytes
+
+    def fresh(self):
+        """A copy of the pristine pipeline on its device, sharing nothing with it; returns (pipe, seconds)."""
+        start = time.perf_counter()
+        memo = {}
+        with torch.no_grad():
+            for tensor in _tensors_of(self.pipe):
+                if id(tensor) not in memo:
+                    memo[id(tensor)] = _copy_of(tensor, self.device)
+            pipe = copy.deepcopy(self.pipe, memo)
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(torch.device(self.device))
+        return pipe, time.perf_counter() - start

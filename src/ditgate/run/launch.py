@@ -1,4 +1,8 @@
-"""Start a torchrun worker group and watch it: progress, crashed ranks, hung ranks, timeouts.
+"""Start a worker group and watch it: progress, crashed ranks, killed ranks, hung ranks, timeouts.
+
+On CPU the ranks are forked from the run's own process when it holds the pristine pipeline (`pristine=`): they
+inherit its imports and its weights, so a group starts in well under a second. Elsewhere (CUDA, which a forked
+process cannot use once its parent has touched it, and `--launch per-row`) torchrun starts them.
 
 A group ends when torchrun exits, or when no rank has moved to a new stage for `timeout` seconds: then the whole
 process group is killed and the ranks' last stages are reported (a rank stuck in a collective waits at the stage
@@ -29,6 +33,7 @@ class GroupOutcome:
     errors: list[dict[str, Any]] = field(default_factory=list)  # per-rank error records
     stages: list[dict[str, Any]] = field(default_factory=list)  # last status of every rank
     log_tail: str = ""
+    exits: dict[int, int] = field(default_factory=dict)  # rank -> exit status (negative: killed by that signal)
 
     @property
     def ok(self) -> bool:
@@ -46,6 +51,12 @@ class GroupOutcome:
             text = (f"rank {first['rank']} failed in row {first.get('row')!r} at stage {first.get('stage')!r}: "
                     f"{first['type']}: {first['message']}")
             return text + (f" (ranks {others} failed too)" if others else "")
+        killed = {rank: -code for rank, code in self.exits.items() if code < 0 and -code != signal.SIGTERM}
+        if killed:
+            rank = min(killed)
+            where = next((s for s in self.stages if s["rank"] == rank), {})
+            return (f"rank {rank} was killed by {signal.Signals(killed[rank]).name} in row {where.get('row')!r} at "
+                    f"stage {where.get('stage')!r}; log tail:\n{self.log_tail}")
         return f"torchrun exited with code {self.returncode} and no rank reported an error; log tail:\n{self.log_tail}"
 
 
@@ -63,17 +74,90 @@ def _read_all(group_dir: Path, world_size: int, path_of) -> list[dict[str, Any]]
     return found
 
 
+class _Forked:
+    """The ranks forked from this process, watched like one torchrun process: `poll()` is None while every rank
+    runs; as soon as one fails the others are ended (as torchrun does) and `poll()` is 1."""
+
+    def __init__(self, job: dict[str, Any], world_size: int, pristine, log) -> None:
+        from ditgate.run import worker
+
+        port = _free_port()
+        self.pids: list[int] = []
+        self.exits: dict[int, int] = {}
+        self.returncode: int | None = None
+        for rank in range(world_size):
+            pid = os.fork()
+            if pid == 0:  # the rank: never returns into the caller's code
+                code = 1
+                try:
+                    os.setpgid(0, self.pids[0] if self.pids else 0)
+                    code = worker.forked(job, rank, world_size, port, pristine, log.fileno())
+                finally:
+                    for stream in (sys.stdout, sys.stderr):
+                        try:
+                            stream.flush()
+                        except Exception:  # noqa: BLE001 - exiting anyway
+                            pass
+                    os._exit(code)
+            try:
+                os.setpgid(pid, self.pids[0] if self.pids else pid)
+            except OSError:  # the rank set it itself already
+                pass
+            self.pids.append(pid)
+        self.pid = self.pids[0]  # the process group's id
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        for rank, pid in enumerate(self.pids):
+            if rank not in self.exits:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    self.exits[rank] = os.waitstatus_to_exitcode(status)
+        if any(code != 0 for code in self.exits.values()):
+            _kill(self)
+            self.returncode = 1
+        elif len(self.exits) == len(self.pids):
+            self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for rank, pid in enumerate(self.pids):
+            while rank not in self.exits:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    self.exits.setdefault(rank, os.waitstatus_to_exitcode(status))
+                elif time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired("forked ranks", timeout)
+                else:
+                    time.sleep(0.05)
+        if self.returncode is None:
+            self.returncode = 0 if all(code == 0 for code in self.exits.values()) else 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
               on_poll: Callable[[], None] | None = None, poll: float = 0.5,
-              module: str = "ditgate.run.worker") -> GroupOutcome:
+              module: str = "ditgate.run.worker", pristine=None) -> GroupOutcome:
     """Run `job` on `world_size` ranks and wait for it: `python -m MODULE JOB.json` under torchrun (default: the
-    row worker, see ditgate.run.worker; `ditgate diff` starts its own)."""
+    row worker, see ditgate.run.worker; `ditgate diff` starts its own). `pristine` (CPU, the row worker only): the
+    pipeline this process loaded; the ranks are forked from this process and use it instead."""
     group_dir = Path(job["group_dir"])
     group_dir.mkdir(parents=True, exist_ok=True)
     for old in list(group_dir.glob("rank*.json")):
         old.unlink()
     job_file = group_dir / "job.json"
-    write_json(job_file, job | {"owner_pid": os.getpid()})  # every rank exits when this process is gone
+    # every rank exits when this process is gone; `launched_at`: the ranks measure their start from it
+    job = job | {"owner_pid": os.getpid(), "launched_at": time.time()}
+    write_json(job_file, job)
     log_file = group_dir / "log.txt"
     env = dict(os.environ, CACHE_DIT_LOG_LEVEL=os.environ.get("CACHE_DIT_LOG_LEVEL", "warning"),
                PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
@@ -81,7 +165,10 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
     cmd = lifeline.command(os.getpid(), [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                          f"--nproc_per_node={world_size}", "-m", module, str(job_file)])
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        if pristine is not None:
+            proc = _Forked(job, world_size, pristine, log)
+        else:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         last_change, last_seen, timed_out = time.monotonic(), None, False
         try:
             while proc.poll() is None:
@@ -101,10 +188,18 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
     return GroupOutcome(returncode=proc.returncode, timed_out=timed_out,
                         errors=_read_all(group_dir, world_size, error_path),
                         stages=_read_all(group_dir, world_size, status_path),
-                        log_tail=_tail(log_file))
+                        log_tail=_tail(log_file), exits=getattr(proc, "exits", None) or _exits(log_file))
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _exits(log_file: Path) -> dict[int, int]:
+    """The ranks torchrun's failure summary names, with their exit status."""
+    import re
+
+    found = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", _tail(log_file, 200))
+    return {int(rank): int(code) for rank, code in found}
+
+
+def _kill(proc) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)

@@ -61,7 +61,25 @@ def _row_record(state, base, profile) -> dict[str, Any]:
         "error": result.get("error"),
         "resumed": bool(result.get("resumed")),
         "diff": state.diff,
+        "generate_s": result.get("generate_s"),  # every pipeline call of the row, warm-up included
+        "overhead": result.get("overhead"),  # launch_s, load_s, restore_s, setup_s (ditgate.run.execute.run_row)
     }
+
+
+OVERHEAD_PARTS = ("launch_s", "load_s", "restore_s", "setup_s")
+
+
+def time_summary(rows: list[dict[str, Any]], wall_s: float | None, launch: str | None) -> dict[str, Any]:
+    """Where the run's wall time went: the rows' generations, and the overhead by kind (rows resumed from an
+    earlier run count neither); `other_s`: judging, the report, waiting for groups, the command's own start."""
+    ran = [r for r in rows if r.get("generate_s") is not None and not r["resumed"]]
+    generate = sum(r["generate_s"] for r in ran)
+    parts = {k: sum((r.get("overhead") or {}).get(k, 0.0) for r in ran) for k in OVERHEAD_PARTS}
+    overhead = None if wall_s is None else wall_s - generate
+    return {"launch": launch, "generate_s": round(generate, 3), "overhead_s": None if overhead is None else
+            round(overhead, 3), **{k: round(v, 3) for k, v in parts.items()},
+            "other_s": None if overhead is None else round(overhead - sum(parts.values()), 3),
+            "overhead_per_row_s": None if overhead is None or not ran else round(overhead / len(ran), 3)}
 
 
 def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
@@ -85,6 +103,7 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
         "wall_s": wall_s,
         "flops": predict.flops_summary(profile),
         "prediction_note": profile_note,
+        "time": time_summary(rows, wall_s, getattr(cfg, "launch", None)),
         "rows": rows,
     }
 
@@ -145,6 +164,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{fmt(m.get('worst_tile_ssim'), '.4f')} | {fmt(m.get('max_abs'), '.2e')} | {fmt(mem, '.0f')} | "
             f"{r['status'].upper()} |")
     lines += _audio_lines(report)
+    lines += _time_lines(report)
     failures = [r for r in report["rows"] if r["reasons"]]
     if failures:
         lines += ["", "## Why rows failed", ""]
@@ -171,6 +191,25 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "Peak memory on CPU is the peak resident set of the process that ran the row."]
     lines += ["", "![baseline, rows and amplified differences](grid.png)" if report.get("grid") else ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _time_lines(report: dict[str, Any]) -> list[str]:
+    """Per row: its generations and its overhead (launch, load, restore, setup); then the run's total."""
+    rows = [r for r in report["rows"] if r.get("generate_s") is not None and not r["resumed"]]
+    t = report.get("time")
+    if not rows or not t:
+        return []
+    lines = ["", f"## Where the time went (launch {t['launch']}; a multi-rank row: its rank 0)", "",
+             "| row | generation (s) | launch | load | restore | setup | overhead (s) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        o = r.get("overhead") or {}
+        lines.append(f"| {r['name']} | {r['generate_s']:.2f} | " + " | ".join(fmt(o.get(k), ".2f") for k in OVERHEAD_PARTS)
+                     + f" | {sum(o.get(k, 0.0) for k in OVERHEAD_PARTS):.2f} |")
+    if t["overhead_s"] is not None:
+        lines += ["", f"Run: wall {report['wall_s']:.1f} s = generations {t['generate_s']:.1f} s + overhead "
+                      f"{t['overhead_s']:.1f} s (launch {t['launch_s']:.1f}, load {t['load_s']:.1f}, restore "
+                      f"{t['restore_s']:.1f}, setup {t['setup_s']:.1f}, judging and the rest {t['other_s']:.1f})."]
+    return lines
 
 
 AUDIO_METRICS = ("cosine", "si_sdr", "mel_psnr", "mel_ssim")  # latents first, then the waveform

@@ -1,14 +1,19 @@
 """The phase runner: the baseline and every row, on real cache-dit, compared, gated and reported.
 
-Single-process rows run in this process, one after the other. Rows of one world size share one torchrun worker
-group, so imports are paid once per size. A row that crashes or hangs ends its group; the report records the
-rank and its error, and the group is started again for the rows after it.
+The run loads the pipeline once (`launch="once"`, the default): single-process rows run in this process, one after
+the other, each on a fresh copy of it (ditgate.run.isolation.Pristine). Rows of one world size share one worker
+group that starts once and loads once (on CPU its ranks are forked from this process and inherit the pipeline).
+A row that crashes or hangs ends its group; the report records the rank and its error, and the group is started
+again for the rows after it. `launch="per-row"` is the design before: every row loads from disk, and every
+multi-rank row starts its own torchrun group (kept to compare the two: benchmarks/launch_once.py).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import json
+import os
 import re
 import sys
 import time
@@ -41,6 +46,9 @@ HINTS = {
 }
 
 
+LAUNCHES = ("once", "per-row")
+
+
 class RunFolderError(DitgateError):
     """The run folder cannot be used (exists without --resume, or belongs to another run)."""
 
@@ -62,6 +70,7 @@ class RunConfig:
     repeats: int = 1
     gates: Path | None = None  # gate table to judge with; None: checklists/gates.json
     diff: bool = False  # a failed exact row gets a `ditgate diff` section (ditgate.run.diff.diagnose)
+    launch: str = "once"  # "once": load once per process, one group per world size; "per-row": see the docstring
 
 
 @dataclass
@@ -170,8 +179,12 @@ class Runner:
         self.run_dir = _prepare_folder(cfg, self.model_path)
         self.states = {row.name: RowState(row) for row in cfg.rows}
         self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+        if cfg.launch not in LAUNCHES:
+            raise DitgateError(f"unknown launch {cfg.launch!r}; known: {', '.join(LAUNCHES)}")
         self._finished = 0
         self._start = time.perf_counter()
+        self._pristine = None  # the pipeline loaded once in this process (launch="once")
+        self._load_due = 0.0  # its load time, paid by the next row that runs on it
 
     # -- running -------------------------------------------------------------------------------------------------
     def _announce(self, state: RowState) -> None:
@@ -206,10 +219,40 @@ class Runner:
             pending.append(row)
         for row in [r for r in pending if r.world_size == 1]:
             self._run_in_process(row)
+        if self.cfg.device.startswith("cuda"):
+            self._release()  # the groups' ranks need the GPU memory
         for size in sorted({r.world_size for r in pending if r.world_size > 1}):
-            self._run_group([r for r in pending if r.world_size == size], size)
+            group = [r for r in pending if r.world_size == size]
+            for rows in ([[r] for r in group] if self.cfg.launch == "per-row" else [group]):
+                self._run_group(rows, size)
         self._calibrate()
+        self._release()
         return self.finish()
+
+    def _pristine_pipeline(self):
+        """The pipeline loaded once in this process; None with launch="per-row"."""
+        from ditgate.run.execute import load_pristine
+
+        if self.cfg.launch == "per-row":
+            return None
+        if self._pristine is None:
+            self._pristine = load_pristine(self.model_path, dtype=self.cfg.dtype, device=self.cfg.device,
+                                           pipeline=self.cfg.pipeline, trust_remote_code=self.cfg.trust_remote_code)
+            self._load_due = self._pristine.load_s
+        return self._pristine
+
+    def _next_group(self) -> int:
+        self._groups = getattr(self, "_groups", 0) + 1
+        return self._groups
+
+    def _release(self) -> None:
+        if self._pristine is not None:
+            self._pristine = None
+            gc.collect()
+            if self.cfg.device.startswith("cuda"):
+                import torch
+
+                torch.cuda.empty_cache()
 
     def _calibrate(self) -> None:
         """Run the calibration row when a gated audio row ran and the run has none yet (see ditgate.gates.calibration)."""
@@ -230,28 +273,39 @@ class Runner:
         from ditgate.run.execute import run_row, save_outcome
 
         try:
+            pristine = self._pristine_pipeline()
             outcome = run_row(row, self.model_path, self.cfg.request, dtype=self.cfg.dtype, device=self.cfg.device,
                               integration=plugin.load(self.cfg.integration), warmup=self.cfg.warmup,
                               repeats=self.cfg.repeats, pipeline=self.cfg.pipeline,
-                              trust_remote_code=self.cfg.trust_remote_code)
+                              trust_remote_code=self.cfg.trust_remote_code, pristine=pristine)
         except Exception as exc:  # noqa: BLE001 - recorded in the report
             self._error(row, f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), rank=0)
             return
+        outcome.overhead.update(launch_s=0.0, load_s=outcome.overhead["load_s"] + self._load_due)
+        self._load_due = 0.0
         self._record(self.states[row.name], save_outcome(self.run_dir, row, outcome))
 
     def _run_group(self, rows: list[Row], size: int) -> None:
         from ditgate.run.launch import run_group
 
         remaining = list(rows)
-        attempt = 0
         while remaining:
-            attempt += 1
             job = {"model_path": str(self.model_path), "request": self.cfg.request.to_dict(),
                    "rows": [r.to_dict() for r in remaining], "dtype": self.cfg.dtype, "device": self.cfg.device,
                    "integration": str(self.cfg.integration) if self.cfg.integration else None,
                    "pipeline": self.cfg.pipeline, "trust_remote_code": self.cfg.trust_remote_code,
                    "warmup": self.cfg.warmup, "repeats": self.cfg.repeats, "run_dir": str(self.run_dir),
-                   "group_dir": str(self.run_dir / "groups" / f"world{size}-{attempt}")}
+                   "group_dir": str(self.run_dir / "groups" / f"world{size}-{self._next_group()}"),
+                   "launch": self.cfg.launch}
+            # on CPU the ranks are forked from this process and run on its pipeline (ditgate.run.launch)
+            pristine = None
+            if self.cfg.device == "cpu" and hasattr(os, "fork"):
+                try:
+                    pristine = self._pristine_pipeline()
+                except Exception:  # noqa: BLE001 - torchrun's ranks meet the same error and report it per rank
+                    pristine = None
+            job["parent_load_s"], self._load_due = (self._load_due, 0.0) if pristine is not None else (0.0,
+                                                                                                       self._load_due)
             seen: set[str] = set()
 
             def poll() -> None:
@@ -260,7 +314,7 @@ class Runner:
                         seen.add(row.name)
                         self._record(self.states[row.name], result)
 
-            outcome = run_group(job, size, timeout=self.cfg.timeout, on_poll=poll)
+            outcome = run_group(job, size, timeout=self.cfg.timeout, on_poll=poll, pristine=pristine)
             poll()
             left = [r for r in remaining if r.name not in seen]
             if outcome.ok or not left:

@@ -1,8 +1,10 @@
-"""Entry point of one torchrun worker group: `python -m torch.distributed.run ... -m ditgate.run.worker JOB.json`.
+"""One rank of a worker group: `python -m torch.distributed.run ... -m ditgate.run.worker JOB.json`, or a rank
+forked from the run's own process (`forked`, on CPU: it inherits the imports and the pristine pipeline).
 
-Every rank loads the model, applies each row of the job in turn and generates; rank 0 stores the outputs. Each rank
-keeps a status file (row and stage, refreshed at every stage) so the launcher can tell a hung rank from a slow one,
-and writes its traceback to an error file before exiting when a row fails.
+Every rank loads the model once (a forked rank has it already), runs each row of the job in turn on a copy of it and
+generates; rank 0 stores the outputs. Each rank keeps a status file (row and stage, refreshed at every stage) so the
+launcher can tell a hung rank from a slow one, and writes its traceback to an error file before exiting when a row
+fails.
 """
 
 from __future__ import annotations
@@ -28,8 +30,30 @@ def error_path(group_dir: Path, rank: int) -> Path:
 
 def main(job_file: str) -> int:
     job = json.loads(Path(job_file).read_text())
-    rank = int(os.environ.get("RANK", 0))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    lifeline.die_with_parent()  # SIGKILL when torchrun dies
+    lifeline.watch_parents(job.get("owner_pid"))  # and exit when `ditgate run` is gone
+    return serve(job, int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def forked(job: dict, rank: int, world_size: int, port: int, pristine, log_fd: int) -> int:
+    """The body of a rank forked from the run's process (ditgate.run.launch): the environment torchrun would give
+    it (one thread per rank unless OMP_NUM_THREADS says otherwise, as torchrun does), then `serve`."""
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    lifeline.die_with_parent()  # SIGKILL when the run's process dies
+    lifeline.watch_parents(job.get("owner_pid"))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    return serve(job, rank, rank, pristine=pristine)
+
+
+def serve(job: dict, rank: int, local_rank: int, pristine=None) -> int:
+    """Run every row of `job` on this rank; 0 when all of them ran. `pristine`: the pipeline already loaded (a
+    forked rank); None loads it once here, or for every row when the job says `launch: per-row`."""
     group_dir = Path(job["group_dir"])
     current = {"row": None, "stage": "start"}
 
@@ -38,8 +62,6 @@ def main(job_file: str) -> int:
         write_json(status_path(group_dir, rank), {"rank": rank, "row": current["row"], "stage": name,
                                                   "time": time.time(), "pid": os.getpid()})
 
-    lifeline.die_with_parent()  # SIGKILL when torchrun dies
-    lifeline.watch_parents(job.get("owner_pid"))  # and exit when `ditgate run` is gone
     try:
         stage("import")
         import torch
@@ -63,13 +85,25 @@ def main(job_file: str) -> int:
         integration = plugin.load(job.get("integration"))
         req = request.Request(**job["request"])
         run_dir = Path(job["run_dir"])
+        # the group's start, paid by its first row: process starts, imports, process group
+        once = {"launch_s": time.time() - job["launched_at"] if job.get("launched_at") else 0.0, "load_s": job.get("parent_load_s", 0.0)}
+        if pristine is None and job.get("launch") != "per-row":
+            stage("load")
+            pristine = execute.load_pristine(Path(job["model_path"]), dtype=job["dtype"], device=job["device"],
+                                             local_rank=local_rank, pipeline=job.get("pipeline"),
+                                             trust_remote_code=job.get("trust_remote_code", False))
+            once["load_s"] = pristine.load_s
         for data in job["rows"]:
             row = rows.from_mapping({k: v for k, v in data.items() if k != "world_size"})
             current["row"] = row.name
             outcome = execute.run_row(row, Path(job["model_path"]), req, dtype=job["dtype"], device=job["device"],
                                       integration=integration, warmup=job["warmup"], repeats=job["repeats"],
                                       local_rank=local_rank, pipeline=job.get("pipeline"),
-                                      trust_remote_code=job.get("trust_remote_code", False), on_stage=stage)
+                                      trust_remote_code=job.get("trust_remote_code", False), on_stage=stage,
+                                      pristine=pristine)
+            outcome.overhead["launch_s"] = once["launch_s"]
+            outcome.overhead["load_s"] += once["load_s"]
+            once = {"launch_s": 0.0, "load_s": 0.0}
             stage("barrier")
             dist.barrier()
             if rank == 0:
