@@ -40,7 +40,8 @@ def test_rows_on_the_pristine_pipeline_match_rows_loaded_from_disk(zoo_path):
         copied = execute.run_row(row, path, req, pristine=pristine)
         loaded = execute.run_row(row, path, req)
         assert np.array_equal(copied.output, loaded.output) and np.array_equal(copied.latents, loaded.latents)
-        assert copied.facts == loaded.facts
+        untimed = lambda facts: {k: v for k, v in facts.items() if k != "transformer_time_s"}  # noqa: E731
+        assert untimed(copied.facts) == untimed(loaded.facts)
         assert copied.overhead["load_s"] == 0 and copied.overhead["restore_s"] > 0 and loaded.overhead["load_s"] > 0
     after = pristine.pipe.transformer.state_dict()
     assert all(torch.equal(weights[k], after[k]) for k in weights)
