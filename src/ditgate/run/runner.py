@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import itertools
 import json
 import os
 import re
@@ -23,27 +24,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ditgate.run import store
+from ditgate.run.hints import HINTS
 from ditgate.core.errors import DitgateError
 from ditgate.core.request import Request
 from ditgate.run.rows import Row
-
-
-# What to look at first when a row of a phase raises instead of producing an output.
-HINTS = {
-    "cache": "check the BlockAdapter: the block lists, each list's ForwardPattern (the order of the block's "
-             "outputs: `ditgate inspect MODEL` observes it) and has_separate_cfg (transformer calls per step)",
-    "cp": "check the CP plan: every sequence tensor split at the entry needs a gather (_ContextParallelOutput) before "
-          "the output projection; attention masks are reordered, never split; all ranks must see the same RoPE grid",
-    "tp": "check the TP plan: when Q/K/V are sharded the head count must be divided (shard_div_attr), every "
-          "ColwiseParallel needs its RowwiseParallel partner, and tensors concatenated with DTensors must be DTensors",
-    "tep": "check that cache-dit has a text-encoder TP planner for this encoder class (`ditgate inspect MODEL`)",
-    "vaep": "check that cache-dit has a VAE planner for this exact VAE class and that the VAE supports tiling",
-    "hybrid": "make CP and TP pass on their own first; hybrid needs at least 4 ranks",
-    "compile": "look for graph breaks and recompiles (TORCH_LOGS=graph_breaks,recompiles); a row with compile "
-               "options {regional: false} or {backend: aot_eager} tells the model's code from inductor's",
-    "quantization": "check which layers cache-dit quantized (QuantizeConfig verbose=True) and exclude sensitive "
-                    "ones (exclude_layers)",
-}
 
 
 LAUNCHES = ("once", "per-row")
@@ -185,6 +169,7 @@ class Runner:
         self._start = time.perf_counter()
         self._pristine = None  # the pipeline loaded once in this process (launch="once")
         self._load_due = 0.0  # its load time, paid by the next row that runs on it
+        self._groups = itertools.count(1)  # the groups' folders: groups/world{size}-{n}
 
     # -- running -------------------------------------------------------------------------------------------------
     def _announce(self, state: RowState) -> None:
@@ -241,10 +226,6 @@ class Runner:
             self._load_due = self._pristine.load_s
         return self._pristine
 
-    def _next_group(self) -> int:
-        self._groups = getattr(self, "_groups", 0) + 1
-        return self._groups
-
     def _release(self) -> None:
         if self._pristine is not None:
             self._pristine = None
@@ -295,7 +276,7 @@ class Runner:
                    "integration": str(self.cfg.integration) if self.cfg.integration else None,
                    "pipeline": self.cfg.pipeline, "trust_remote_code": self.cfg.trust_remote_code,
                    "warmup": self.cfg.warmup, "repeats": self.cfg.repeats, "run_dir": str(self.run_dir),
-                   "group_dir": str(self.run_dir / "groups" / f"world{size}-{self._next_group()}"),
+                   "group_dir": str(self.run_dir / "groups" / f"world{size}-{next(self._groups)}"),
                    "launch": self.cfg.launch}
             # on CPU the ranks are forked from this process and run on its pipeline (ditgate.run.launch)
             pristine = None
