@@ -160,7 +160,7 @@ CASES = {
     "matrix-bad-dtype": (["matrix", "zoo:flux", "--out", "{t}/out", "--dtype", "float99"], ["float99"]),
     "flops-negative-height": (["flops", "zoo:flux", "--height", "-16"], ["height"]),
     "flops-overflowing-height": (["flops", "zoo:flux", "--height", "1" + "0" * 30], ["height"]),
-    "flops-index-is-a-list": (["flops", "{t}/list-index"], ["model_index.json"]),
+    "flops-index-is-a-list": (["flops", "{t}/list-index", "--height", "64", "--width", "64"], ["list-index"]),
     "zoo-build-onto-a-file": (["zoo", "build", "flux", "{t}/a-file"], ["a-file"]),
     "zoo-build-overwrite-a-file": (["zoo", "build", "flux", "{t}/a-file", "--overwrite"], ["a-file"]),
     "zoo-build-unwritable": (["zoo", "build", "flux", UNWRITABLE], [UNWRITABLE]),

@@ -7,6 +7,7 @@ Modules import heavy libraries (torch, diffusers, cache-dit) inside `main`, so `
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import pkgutil
 import signal
@@ -32,11 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is, so it ends like an interrupt: worker groups killed, nothing half-written."""
+    """SIGTERM, raised where the process is: it ends like an interrupt (worker groups killed, nothing half-written)."""
 
 
 def _on_sigterm(signum, frame):
     raise Terminated()
+
+
+def _os_error(exc: OSError) -> str:
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f)
+    what = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        what = "no space left on the device (the disk is full): free some space and run again"
+    return f"{where}: {what}" if where else what
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except DitgateError as exc:
         print(f"ditgate: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the file system refused: a path that is a file, unwritable, a full disk
+        print(f"ditgate: error: {_os_error(exc)}", file=sys.stderr)
         return 2
     except Terminated:
         print("ditgate: terminated (SIGTERM)", file=sys.stderr)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import wave
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,12 @@ def _read_tensor(path: Path, header_only: bool = False) -> Any:
         import torch
 
         value = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise GateInputError(f"cannot read {path}: {exc}") from exc
+    except pickle.UnpicklingError:
+        raise GateInputError(f"cannot read {path}: it holds Python objects besides tensors, and unpickling them could "
+                             "run code; save plain tensors (torch.save(tensor) or numpy.save)") from None
+    except Exception as exc:  # noqa: BLE001 - truncated zips, bad headers, object arrays: all unreadable input
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise GateInputError(f"cannot read {path} as a tensor ({type(exc).__name__}: {first[:200]})") from None
     if not hasattr(value, "shape"):
         raise GateInputError(f"{path} holds a {type(value).__name__}, not a tensor")
     return value

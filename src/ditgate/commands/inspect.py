@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from ditgate.inspect.text import render
 
 HELP = "show a pipeline's anatomy (block lists, ForwardPattern, CFG calls, attention, sequence) and draft a plan"
@@ -42,11 +43,29 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 
+def _check_writable(path: Path) -> None:
+    """Refuse a --plan FILE that cannot be written, before the model is loaded."""
+    import tempfile
+
+    from ditgate.core.errors import DitgateError
+
+    if path.is_dir():
+        raise DitgateError(f"--plan {path} is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=f".{path.name}.", dir=path.parent):
+            pass
+    except OSError as exc:
+        raise DitgateError(f"--plan {path}: cannot write there ({exc.strerror or exc})") from None
+
+
 def main(args: argparse.Namespace) -> int:
     import contextlib
 
     from ditgate.inspect.anatomy import inspect_model, write_text_atomic
 
+    if args.plan:
+        _check_writable(Path(args.plan))
     # Libraries print progress and log lines while loading and running; keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
         anatomy = inspect_model(args.model, height=args.height, width=args.width, frames=args.frames,

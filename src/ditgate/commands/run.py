@@ -11,6 +11,21 @@ from ditgate.core.request import resolve_device
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
 
+def bounded(low: int, high: int):
+    """An argparse type: a whole number from `low` to `high` (a size that would overflow is refused here)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {text}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = False, dtype: str = "float32") -> None:
     """Arguments shared by commands that load and run a model (the model as `--model` when `model_option`);
     `dtype` is the --dtype default."""
@@ -18,10 +33,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = Fa
                         "or zoo:NAME")
     parser.add_argument("--pipeline", metavar="MODULE:CLASS", help="pipeline class, for models outside diffusers")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped in the model folder")
-    parser.add_argument("--height", type=int, help="image/video height (default: the zoo's or the pipeline's)")
-    parser.add_argument("--width", type=int, help="image/video width")
-    parser.add_argument("--frames", type=int, help="number of video frames")
-    parser.add_argument("--steps", type=int, help="denoising steps")
+    parser.add_argument("--height", type=bounded(1, 65536),
+                        help="image/video height (default: the zoo's or the pipeline's)")
+    parser.add_argument("--width", type=bounded(1, 65536), help="image/video width")
+    parser.add_argument("--frames", type=bounded(1, 100000), help="number of video frames")
+    parser.add_argument("--steps", type=bounded(1, 100000), help="denoising steps")
     parser.add_argument("--prompt", help="prompt (default: the zoo's, or a fixed test prompt)")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     parser.add_argument("--dtype", default=dtype, help=f"float32, bfloat16/bf16 or float16/fp16 (default {dtype})")
@@ -72,8 +88,6 @@ def main(args: argparse.Namespace) -> int:
             print(f"{row.name:<18} phase={row.phase or '-':<6} ranks={row.world_size} vs={row.baseline or '-':<15}"
                   f" {row.description}")
         return 0
-    if args.warmup < 0 or args.repeats < 1:
-        raise SystemExit("ditgate run: --warmup must be >= 0 and --repeats >= 1")
     cfg = RunConfig(model=args.model, rows=chosen, request=build_request(args), out=args.out, dtype=args.dtype,
                     device=resolve_device(args.device), integration=args.integration, pipeline=args.pipeline,
                     trust_remote_code=args.trust_remote_code, timeout=args.timeout, resume=args.resume,

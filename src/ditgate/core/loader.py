@@ -19,7 +19,7 @@ from typing import Any
 
 from ditgate import zoo
 from ditgate.core.examples import ensure_packages
-from ditgate.core.errors import ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
+from ditgate.core.errors import DitgateError, ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
 
 _BUILTIN_LIBRARIES = {None, "diffusers", "transformers"}
 _DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
@@ -41,10 +41,40 @@ def resolve(model: str | os.PathLike) -> Path:
 
 
 def read_index(path: Path) -> dict[str, Any]:
+    file = path / "model_index.json"
     try:
-        return json.loads((path / "model_index.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise NotAPipelineError(f"{path / 'model_index.json'} is not valid JSON: {exc}") from None
+        index = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise NotAPipelineError(f"{file} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise NotAPipelineError(f"cannot read {file}: {exc.strerror or exc}") from None
+    if not isinstance(index, dict):
+        raise NotAPipelineError(f"{file} holds a JSON {type(index).__name__}, not an object of components")
+    return index
+
+
+def _inside(file: str | None, folder: Path) -> bool:
+    if not file:
+        return False
+    try:
+        return Path(file).resolve().is_relative_to(folder.resolve())
+    except OSError:
+        return False
+
+
+def _local_module(name: str, path: Path) -> bool:
+    """True when importing the top-level module `name` would run a file inside the model folder `path`, or a file
+    of that name sits in the folder and no installed module of that name exists. Code inside the model folder is
+    remote code whatever sys.path says (`python -m` puts the current folder on it)."""
+    top = name.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return False
+    origins = [spec.origin, *(spec.submodule_search_locations or [])]
+    return any(_inside(origin, path) for origin in origins)
 
 
 def torch_dtype(dtype: Any):
@@ -55,8 +85,29 @@ def torch_dtype(dtype: Any):
         return dtype
     name = _DTYPES.get(str(dtype).lower().removeprefix("torch."))
     if name is None:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(sorted(_DTYPES))}")
+        raise DtypeError(f"unknown dtype {dtype!r}; use one of {', '.join(sorted(_DTYPES))}")
     return getattr(torch, name)
+
+
+class DtypeError(DitgateError, ValueError):
+    """A dtype name ditgate does not know."""
+
+
+def check_device(device: str | None) -> None:
+    """Refuse a device ditgate cannot run on (it runs on "cpu", "cuda" and "cuda:N"), or a CUDA device this machine
+    does not have, before anything is loaded."""
+    if device is None:
+        return
+    kind, _, index = str(device).partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise DitgateError(f"device {device!r}: use cpu, cuda or cuda:N")
+    if kind == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DitgateError(f"device {device!r}: no CUDA device is available here (use cpu)")
+        if index and int(index) >= torch.cuda.device_count():
+            raise DitgateError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def _import_class(module_name: str, class_name: str, origin: str):
@@ -84,6 +135,13 @@ def _import_file_class(file: Path, class_name: str):
         raise PipelineClassError(f"{file} defines no class {class_name!r}") from None
 
 
+def _missing(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name.split(".")[0]) is None
+    except (ImportError, ValueError):
+        return True
+
+
 def _remote_files(path: Path, index: dict[str, Any]) -> list[Path]:
     """Python files inside the model folder that loading `index` would execute."""
     files = []
@@ -93,8 +151,13 @@ def _remote_files(path: Path, index: dict[str, Any]) -> list[Path]:
         library = value[0]
         if library in _BUILTIN_LIBRARIES:
             continue
+        if not isinstance(library, str):
+            continue
+        if _local_module(library, path):
+            files.append(Path(importlib.util.find_spec(library.split(".")[0]).origin or path / library))
+            continue
         for candidate in (path / key / f"{library}.py", path / f"{library}.py"):
-            if candidate.is_file() and importlib.util.find_spec(library.split(".")[0]) is None:
+            if candidate.is_file() and _missing(library):
                 files.append(candidate)
     return files
 
@@ -109,12 +172,16 @@ def pipeline_class(path: Path, index: dict[str, Any], pipeline: str | None = Non
     name = index.get("_class_name")
     if isinstance(name, (list, tuple)) and len(name) == 2:
         module_name, class_name = name
+        if not (isinstance(module_name, str) and isinstance(class_name, str)):
+            raise PipelineClassError(f"{path / 'model_index.json'}: _class_name must be a class name or a "
+                                     f"[module, Class] pair of strings, got {name!r}")
         local = path / f"{module_name}.py"
-        if local.is_file() and importlib.util.find_spec(module_name) is None:
+        if _local_module(module_name, path) or (local.is_file() and _missing(module_name)):
             if not trust_remote_code:
                 raise RemoteCodeError(f"model_index.json names {class_name} from {local}, code inside the model "
                                       "folder; read it, then pass --trust-remote-code to run it")
-            return _import_file_class(local, class_name)
+            if local.is_file():
+                return _import_file_class(local, class_name)
         return _import_class(module_name, class_name, "named in model_index.json")
     if not isinstance(name, str) or not name:
         raise PipelineClassError(f"{path / 'model_index.json'} names no pipeline class (_class_name)")
@@ -149,6 +216,8 @@ def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = 
     `dtype` is a torch dtype or its name; `device` is where the pipeline is moved ("cpu", "cuda", "cuda:1", or
     None to leave it); `pipeline` is a "module:Class" override; other keyword arguments go to `from_pretrained`.
     """
+    check_device(device)
+    dtype = torch_dtype(dtype)
     path = resolve(model)
     index = read_index(path)
     ensure_packages(index)  # zoo:tinymm's package lives in the repository's examples/ folder
@@ -162,7 +231,7 @@ def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = 
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
     with _offline():
-        pipe = cls.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True, **kwargs)
+        pipe = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs)
     if device is not None:
         pipe = pipe.to(device)
     for component in getattr(pipe, "components", {}).values():

@@ -109,30 +109,85 @@ CALIBRATION = Row("calibration", perturb="unit_roundoff",
 REFERENCE_ROWS = {r.name: r for r in (BASELINE, BASELINE_TILED, CALIBRATION)}
 
 
-def _check(row: Row) -> Row:
-    if not row.name or any(c in row.name for c in "/\\ ,") or row.name.startswith("."):
-        raise RowError(f"row name {row.name!r} must be non-empty, without spaces, commas or slashes")
+# What each phase needs configured: a row of that phase without it would compare the baseline with itself.
+PHASE_FEATURES = {
+    "cache": ("a cache configuration (cache: {...})", lambda r: r.cache is not None),
+    "cp": ("a context-parallel size above 1 (parallel: {ulysses_size: N} or {ring_size: N})",
+           lambda r: r.cp_size > 1),
+    "tp": ("a tensor-parallel size above 1 (parallel: {tp_size: N})", lambda r: r.tp_size > 1),
+    "tep": ("text-encoder parallelism (parallel: {tp_size: N, text_encoder: true})",
+            lambda r: bool((r.parallel or {}).get("text_encoder")) and r.world_size > 1),
+    "vaep": ("VAE parallelism (parallel: {tp_size: N, vae: true})",
+             lambda r: bool((r.parallel or {}).get("vae")) and r.world_size > 1),
+    "hybrid": ("both context and tensor parallelism (parallel: {ulysses_size: N, tp_size: M})",
+               lambda r: r.cp_size > 1 and r.tp_size > 1),
+    "quantization": ("a quantization (quantize: {quant_type: ...})", lambda r: r.quantize is not None),
+    "compile": ("torch.compile (compile: true or options)", lambda r: bool(r.compile)),
+}
+_BOOLEAN_PARALLEL = ("text_encoder", "vae")
+_SIZES = ("ulysses_size", "ring_size", "tp_size")
+MAX_RANKS = 4096  # a size beyond any machine is a typo, refused before it is multiplied into a world size
+
+
+def _type_error(where: str, name: Any, field_name: str, wanted: str, value: Any) -> RowError:
+    label = f"row {name!r}, " if isinstance(name, str) and name else ""
+    return RowError(f"{where}{label}field {field_name}: must be {wanted}, got {value!r} "
+                    f"({type(value).__name__})")
+
+
+def _check_types(row: Row, where: str) -> None:
+    n = row.name
+    if not isinstance(n, str) or not n or any(c in n for c in "/\\ ,") or n.startswith("."):
+        raise _type_error(where, None, "name", "a non-empty string without spaces, commas or slashes", n)
+    for key in ("phase", "baseline"):
+        value = getattr(row, key)
+        if value is not None and not isinstance(value, str):
+            raise _type_error(where, n, key, "a string or null", value)
+    if not isinstance(row.description, str):
+        raise _type_error(where, n, "description", "a string", row.description)
+    if not isinstance(row.vae_tiling, bool):
+        raise _type_error(where, n, "vae_tiling", "true or false", row.vae_tiling)
+    for key in ("cache", "parallel", "quantize"):
+        value = getattr(row, key)
+        if value is not None and not isinstance(value, dict):
+            raise _type_error(where, n, key, "a mapping or null", value)
+    for key in _SIZES:
+        value = (row.parallel or {}).get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RANKS):
+            raise _type_error(where, n, f"parallel.{key}", f"a positive integer (at most {MAX_RANKS})", value)
+    for key in _BOOLEAN_PARALLEL:
+        value = (row.parallel or {}).get(key)
+        if value is not None and not isinstance(value, bool):
+            raise _type_error(where, n, f"parallel.{key}", "true or false", value)
+    if row.cache is not None and "mask" in row.cache and isinstance(row.cache["mask"], bool):
+        raise _type_error(where, n, "cache.mask", "'alternate' or a list of 1 and 0", row.cache["mask"])
+
+
+def _check(row: Row, where: str = "") -> Row:
+    _check_types(row, where)
+    at = f"{where}row {row.name!r}"
     if row.phase is not None and row.phase not in PHASES:
-        raise RowError(f"row {row.name!r}: unknown phase {row.phase!r}; phases: {', '.join(PHASES)}")
+        raise RowError(f"{at}, field phase: unknown phase {row.phase!r}; phases: {', '.join(PHASES)}")
     if row.phase is not None and not row.baseline:
-        raise RowError(f"row {row.name!r}: a gated row needs a baseline row to compare with")
+        raise RowError(f"{at}: a gated row needs a baseline row to compare with")
+    if row.phase is not None and not PHASE_FEATURES[row.phase][1](row):
+        raise RowError(f"{at}: phase {row.phase} needs {PHASE_FEATURES[row.phase][0]}; without it the row would "
+                       "compare the baseline with itself and prove nothing")
     size = row.perturb
     if size is not None and size != "unit_roundoff" and (
             isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size < float("inf")):
-        raise RowError(f"row {row.name!r}: perturb must be 'unit_roundoff' or a positive number, got {row.perturb!r}")
-    for key in ("ulysses_size", "ring_size", "tp_size"):
-        value = (row.parallel or {}).get(key)
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise RowError(f"row {row.name!r}: parallel.{key} must be a positive integer, got {value!r}")
+        raise RowError(f"{at}, field perturb: must be 'unit_roundoff' or a positive number, got {row.perturb!r}")
+    if row.world_size > MAX_RANKS:
+        raise RowError(f"{at}, field parallel: {row.world_size} ranks in all, more than {MAX_RANKS}")
     if not isinstance(row.compile, (bool, dict)):
-        raise RowError(f"row {row.name!r}: compile must be true, false or a mapping of options, got {row.compile!r}")
+        raise RowError(f"{at}, field compile: must be true, false or a mapping of options, got {row.compile!r}")
     unknown = set(row.compile) - COMPILE_OPTIONS if isinstance(row.compile, dict) else set()
     if unknown:
-        raise RowError(f"row {row.name!r}: unknown compile option(s) {', '.join(sorted(unknown))}; "
+        raise RowError(f"{at}, field compile: unknown option(s) {', '.join(sorted(unknown))}; "
                        f"known: {', '.join(sorted(COMPILE_OPTIONS))}")
     quantize = row.quantize
-    if quantize is not None and not (isinstance(quantize, dict) and isinstance(quantize.get("quant_type"), str)):
-        raise RowError(f"row {row.name!r}: quantize must be a mapping with a quant_type, got {quantize!r}")
+    if quantize is not None and not isinstance(quantize.get("quant_type"), str):
+        raise RowError(f"{at}, field quantize: must be a mapping with a quant_type, got {quantize!r}")
     return row
 
 
@@ -143,7 +198,7 @@ def from_mapping(data: dict[str, Any], where: str = "") -> Row:
         raise RowError(f"{where}unknown row field(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
     if "name" not in data:
         raise RowError(f"{where}a row needs a name")
-    return _check(Row(**data))
+    return _check(Row(**data), where)
 
 
 def load_rows(path: str | Path) -> list[Row]:
@@ -161,7 +216,15 @@ def load_rows(path: str | Path) -> list[Row]:
         data = data.get("rows")
     if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
         raise RowError(f"rows file {path} must hold a list of rows (mappings)")
-    return [from_mapping(item, f"{path}, row {i + 1}: ") for i, item in enumerate(data)]
+    rows, seen = [], {}
+    for i, item in enumerate(data):
+        row = from_mapping(item, f"{path}, row {i + 1}: ")
+        if row.name in seen:
+            raise RowError(f"{path}, row {i + 1}, field name: {row.name!r} is already the name of row "
+                           f"{seen[row.name]}; names must be unique")
+        seen[row.name] = i + 1
+        rows.append(row)
+    return rows
 
 
 def select(rows: list[Row] | tuple[Row, ...], names: str | list[str] | None) -> list[Row]:

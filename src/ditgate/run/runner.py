@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import itertools
-import json
 import os
 import re
 import sys
@@ -27,14 +26,12 @@ from ditgate.run import store
 from ditgate.run.hints import HINTS
 from ditgate.core.errors import DitgateError
 from ditgate.core.request import Request
+from ditgate.run.folder import (LOCK, FolderLock, RunFolderError, abandon, check_options, open_folder,  # noqa: F401
+                                read_run_json)
 from ditgate.run.rows import Row
 
 
 LAUNCHES = ("once", "per-row")
-
-
-class RunFolderError(DitgateError):
-    """The run folder cannot be used (exists without --resume, or belongs to another run)."""
 
 
 @dataclass
@@ -86,6 +83,10 @@ def _versions() -> dict[str, str]:
     import torch
     import transformers
 
+    from ditgate.core.logs import library_logs_to_stderr
+
+    library_logs_to_stderr()  # cache-dit logs to stdout; stdout is the report's (--json)
+
     return {"torch": torch.__version__, "diffusers": diffusers.__version__,
             "transformers": transformers.__version__, "cache_dit": cache_dit.__version__,
             "python": sys.version.split()[0]}
@@ -104,24 +105,31 @@ def _identity(cfg: RunConfig, model_path: Path) -> dict[str, Any]:
 def check_resumable(run_dir: Path, cfg: RunConfig, model_path: Path) -> None:
     """Raise RunFolderError unless the run in `run_dir` has the model, request, dtype, device and integration of
     `cfg` (rows are checked one by one, by fingerprint, when they are resumed)."""
-    previous = json.loads((Path(run_dir) / "run.json").read_text())
+    previous = read_run_json(run_dir)
     changed = [k for k, v in _identity(cfg, model_path).items() if previous.get(k) != v]
     if changed:
         raise RunFolderError(f"cannot resume {run_dir}: {', '.join(changed)} differ from the run it holds")
 
 
-def _prepare_folder(cfg: RunConfig, model_path: Path) -> Path:
+def _prepare_folder(cfg: RunConfig, model_path: Path) -> tuple[Path, FolderLock]:
+    """The run folder, locked for this run (see ditgate.run.folder); refused before anything is written in it."""
     run_dir = Path(cfg.out) if cfg.out else default_out(cfg.model)
-    identity = _identity(cfg, model_path)
-    run_file = run_dir / "run.json"
-    if run_file.is_file():
-        if not cfg.resume:
-            raise RunFolderError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out")
-        check_resumable(run_dir, cfg, model_path)
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        raise RunFolderError(f"{run_dir} exists and is not a ditgate run folder")
-    store.write_json(run_file, identity | {"versions": _versions(), "rows": [r.to_dict() for r in cfg.rows]})
-    return run_dir
+    lock, created = open_folder(run_dir, cfg.resume)
+    try:
+        run_file = run_dir / "run.json"
+        if run_file.is_file():
+            if not cfg.resume:
+                raise RunFolderError(f"{run_dir} already holds a run; pass --resume to continue it, or choose "
+                                     "another --out")
+            check_resumable(run_dir, cfg, model_path)
+        elif any(p.name != LOCK for p in run_dir.iterdir()):
+            raise RunFolderError(f"{run_dir} exists and is not a ditgate run folder")
+        store.write_json(run_file, _identity(cfg, model_path) | {"versions": _versions(),
+                                                                 "rows": [r.to_dict() for r in cfg.rows]})
+    except BaseException:
+        abandon(run_dir, lock, created)
+        raise
+    return run_dir, lock
 
 
 def copy_finished_rows(source: Path, run_dir: Path, names: list[str]) -> None:
@@ -140,10 +148,14 @@ def copy_finished_rows(source: Path, run_dir: Path, names: list[str]) -> None:
 def _done(run_dir: Path, row: Row, resume: bool) -> dict[str, Any] | None:
     if not resume:
         return None
-    result = store.load_result(run_dir, row.name)
-    if result and result.get("status") == "ok" and result.get("fingerprint") == row.fingerprint():
-        return result
-    return None
+    try:
+        result = store.load_result(run_dir, row.name)
+    except (OSError, ValueError):  # unreadable: the row runs again
+        return None
+    if not (isinstance(result, dict) and result.get("status") == "ok"
+            and result.get("fingerprint") == row.fingerprint()):
+        return None
+    return result if store.outputs_readable(run_dir, row.name) else None
 
 
 def preflight(cfg: RunConfig, model_path: Path, row: Row) -> str | None:
@@ -155,12 +167,14 @@ def preflight(cfg: RunConfig, model_path: Path, row: Row) -> str | None:
 
 class Runner:
     def __init__(self, cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None):
-        from ditgate.core.loader import resolve
+        from ditgate.core.loader import read_index, resolve
 
         self.cfg = cfg
         self.profile = profile  # ditgate.inspect.flops.Profile at the request's size; counted when the report needs it
+        check_options(cfg)
         self.model_path = resolve(cfg.model)
-        self.run_dir = _prepare_folder(cfg, self.model_path)
+        read_index(self.model_path)  # a model_index.json that cannot be read is refused before any folder is made
+        self.run_dir, self._lock = _prepare_folder(cfg, self.model_path)
         self.states = {row.name: RowState(row) for row in cfg.rows}
         self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
         if cfg.launch not in LAUNCHES:
@@ -410,4 +424,8 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=N
     """Run every row of `cfg` and write the report; returns the report (see ditgate.run.report).
 
     `profile`: the FLOP profile at the request's size when the caller has one (else counted when needed)."""
-    return Runner(cfg, progress, profile).run()
+    runner = Runner(cfg, progress, profile)
+    try:
+        return runner.run()
+    finally:
+        runner._lock.release()

@@ -86,6 +86,21 @@ def load_result(run_dir: Path, name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def outputs_readable(run_dir: Path, name: str) -> bool:
+    """Whether the row's output.npy exists and every stored array's header and size can be read (a resumed row
+    whose outputs went missing or were cut short runs again)."""
+    folder = row_dir(run_dir, name)
+    arrays = sorted(folder.glob("*.npy"))
+    if not (folder / "output.npy").is_file():
+        return False
+    try:
+        for path in arrays:
+            np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return False
+    return True
+
+
 def load_array(run_dir: Path, name: str, key: str) -> np.ndarray | None:
     path = row_dir(run_dir, name) / f"{key}.npy"
     return np.load(path) if path.is_file() else None

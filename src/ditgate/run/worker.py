@@ -73,6 +73,9 @@ def serve(job: dict, rank: int, local_rank: int, pristine=None) -> int:
         from ditgate.core import request
         from ditgate.run import rows
 
+        from ditgate.core.logs import library_logs_to_stderr
+
+        library_logs_to_stderr()
         stage("init-process-group")
         on_cuda = job["device"].startswith("cuda")
         if on_cuda:

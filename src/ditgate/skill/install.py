@@ -119,19 +119,46 @@ def _place(source: Path, dest: Path, link: bool) -> None:
             _remove(tmp)
 
 
+def _broken_links(source: Path) -> list[str]:
+    """Links in the parts that would be installed whose target does not exist (relative to `source`)."""
+    found = []
+    for part in INSTALLED_PARTS:
+        root = source / part
+        paths = [root, *root.rglob("*")] if root.is_dir() else [root]
+        found += [str(p.relative_to(source)) for p in paths if p.is_symlink() and not p.exists()]
+    return found
+
+
 def install_skill(target: str | Path, source: str | Path | None = None, layouts: tuple[str, ...] = ("agents",),
                   link: bool = False, force: bool = False) -> InstallResult:
     """Install the skill at `source` (default: this repository) under `target`; returns where it went."""
     source = Path(source or default_source()).resolve()
     name = skill_name(source)
-    destinations = [folder / name for folder in skills_dirs(Path(target).absolute(), layouts)]
+    broken = _broken_links(source)
+    if broken and not link:
+        raise SkillInstallError(f"{source} holds broken link(s): {', '.join(broken[:5])}; fix or remove them first")
+    target = Path(target).absolute()
+    for folder in (target, *target.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise SkillInstallError(f"--target {target}: {folder} is a file, not a folder")
+            break
+    destinations = [folder / name for folder in skills_dirs(target, layouts)]
     for dest in destinations:
         if (dest.exists() or dest.is_symlink()) and not force:
             raise SkillExistsError(f"{dest} already exists; pass --force to replace it")
         if not dest.is_symlink() and dest.resolve() == source:
             raise SkillInstallError(f"{dest} is the skill's own folder")
+        if (dest.exists() or dest.is_symlink()) and not (dest / SKILL_FILE).is_file():
+            raise SkillInstallError(f"{dest} exists and is not an installed skill (no {SKILL_FILE}); --force replaces "
+                                    "only a skill, so move it away yourself")
     for dest in destinations:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        _place(source, dest, link)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _place(source, dest, link)
+        except shutil.Error as exc:
+            raise SkillInstallError(f"copying {source} to {dest} failed: {exc}") from None
+        except OSError as exc:
+            raise SkillInstallError(f"cannot install into {dest.parent}: {exc.strerror or exc}") from None
     parts = tuple(part for part in INSTALLED_PARTS if (source / part).exists())
     return InstallResult(name, source, tuple(destinations), link, parts)

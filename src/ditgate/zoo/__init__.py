@@ -156,10 +156,18 @@ def build(name: str, directory: str | os.PathLike, seed: int = 0, overwrite: boo
     """Build zoo model `name` with `seed` into `directory`: the folder is complete, or left as it was."""
     model = get(name)
     target = Path(directory)
-    occupied = target.exists() and (not target.is_dir() or any(target.iterdir()))
+    if target.exists() and not target.is_dir():
+        raise DitgateError(f"{target} is a file; give a folder to build the model in")
+    occupied = target.is_dir() and any(target.iterdir())
     if occupied and not overwrite:
         raise DitgateError(f"{target} exists and is not empty; use --overwrite to replace it")
-    staging = _stage(model, seed, target.absolute().parent)
+    if occupied and not (target / "model_index.json").is_file():  # --overwrite replaces a model, nothing else
+        raise DitgateError(f"{target} holds files but no model (no model_index.json); --overwrite does not replace "
+                           "it: give an empty or new folder")
+    try:
+        staging = _stage(model, seed, target.absolute().parent)
+    except OSError as exc:
+        raise DitgateError(f"cannot write the model into {target}: {exc.strerror or exc}") from None
     if target.exists():
         old = staging.with_name(staging.name + ".old")
         target.rename(old)
@@ -196,4 +204,12 @@ def materialize(spec: str, seed: int = 0) -> Path:
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """The zoo metadata (`ditgate.json`) of a model folder, or {} for a folder not built by the zoo."""
     meta_path = Path(path) / META_FILE
-    return json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    if not meta_path.is_file():
+        return {}
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DitgateError(f"cannot read {meta_path}: {exc}") from None
+    if not isinstance(meta, dict):
+        raise DitgateError(f"{meta_path} holds a JSON {type(meta).__name__}, not an object")
+    return meta
