@@ -32,7 +32,7 @@ from ditgate.run.isolation import ClassSnapshot, Pristine
 from ditgate.core.loader import load
 from ditgate.core.plugin import Integration
 from ditgate.core.components import transformers_of
-from ditgate.run.probes import Probes, sharded_weights
+from ditgate.run.probes import Probes, compiled_modules, quantized_weights, sharded_weights
 from ditgate.core.request import Request
 from ditgate.run.rows import Row
 
@@ -286,6 +286,10 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
         facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else None
         facts["cache"] = _cache_stats(target) if row.cache else None
         facts["sharded"] = {name: sharded_weights(m) for name, m in _components(pipe).items()} if row.parallel else {}
+        if row.quantize:  # what run.proofs checks: the feature left a trace
+            facts["quantized"] = {name: quantized_weights(m) for name, m in transformers_of(pipe).items()}
+        if row.compile:
+            facts["compiled"] = {name: compiled_modules(m) for name, m in transformers_of(pipe).items()}
         if perturbation is not None:
             facts["perturbed_calls"] = perturbation.calls
         start_noise = probes.initial_noise()

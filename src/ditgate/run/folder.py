@@ -8,15 +8,18 @@ the next run takes it over.
 
 from __future__ import annotations
 
+import datetime as _dt
 import fcntl
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from ditgate.core.errors import DitgateError
+from ditgate.run import store
 
 LOCK = ".lock"
 
@@ -134,3 +137,68 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RunFolderError(f"cannot resume {run_dir}: {path} is not a run description (a JSON object)")
     return data
+
+
+def default_out(model: str) -> Path:
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(str(model).removeprefix("zoo:")).name).strip("-") or "model"
+    return Path("runs") / f"{stem}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _identity(cfg: Any, model_path: Path) -> dict[str, Any]:
+    return {"model": cfg.model, "model_path": str(model_path), "request": cfg.request.to_dict(),
+            "dtype": cfg.dtype, "device": cfg.device, "integration": str(cfg.integration) if cfg.integration else None}
+
+
+def check_resumable(run_dir: Path, cfg: Any, model_path: Path) -> None:
+    """Raise RunFolderError unless the run in `run_dir` has the model, request, dtype, device and integration of
+    `cfg` (rows are checked one by one, by fingerprint, when they are resumed)."""
+    previous = read_run_json(run_dir)
+    changed = [k for k, v in _identity(cfg, model_path).items() if previous.get(k) != v]
+    if changed:
+        raise RunFolderError(f"cannot resume {run_dir}: {', '.join(changed)} differ from the run it holds")
+
+
+def prepare(cfg: Any, model_path: Path, versions) -> tuple[Path, FolderLock]:
+    """The run folder of `cfg` (a RunConfig), locked for this run; refused before anything is written in it.
+    `versions()` gives the library versions recorded in run.json."""
+    run_dir = Path(cfg.out) if cfg.out else default_out(cfg.model)
+    lock, created = open_folder(run_dir, cfg.resume)
+    try:
+        run_file = run_dir / "run.json"
+        if run_file.is_file():
+            if not cfg.resume:
+                raise RunFolderError(f"{run_dir} already holds a run; pass --resume to continue it, or choose "
+                                     "another --out")
+            check_resumable(run_dir, cfg, model_path)
+        elif any(p.name != LOCK for p in run_dir.iterdir()):
+            raise RunFolderError(f"{run_dir} exists and is not a ditgate run folder")
+        store.write_json(run_file, _identity(cfg, model_path) | {"versions": versions(),
+                                                                 "rows": [r.to_dict() for r in cfg.rows]})
+    except BaseException:
+        abandon(run_dir, lock, created)
+        raise
+    return run_dir, lock
+
+
+def copy_finished_rows(source: Path, run_dir: Path, names: list[str]) -> None:
+    """Seed `run_dir` with the finished rows `names` of the run in `source` (and its run.json), so that a run there
+    with `resume=True` reuses them: the runner still checks that model, request, dtype, device and integration are
+    the same, and each row's fingerprint, and computes whatever does not match."""
+    (run_dir / "rows").mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "run.json", run_dir / "run.json")
+    for name in names:
+        if (source / "rows" / name / store.RESULT).is_file():
+            shutil.copytree(source / "rows" / name, run_dir / "rows" / name)
+
+
+def done(run_dir: Path, row: Any, resume: bool) -> dict[str, Any] | None:
+    if not resume:
+        return None
+    try:
+        result = store.load_result(run_dir, row.name)
+    except (OSError, ValueError):  # unreadable: the row runs again
+        return None
+    if not (isinstance(result, dict) and result.get("status") == "ok"
+            and result.get("fingerprint") == row.fingerprint()):
+        return None
+    return result if store.outputs_readable(run_dir, row.name) else None

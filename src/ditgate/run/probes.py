@@ -188,3 +188,22 @@ def sharded_weights(module: torch.nn.Module) -> dict[str, Any]:
                 if param.to_local().shape[dim] not in (expected, param.shape[dim] // mesh_size):
                     wrong.append(name)
     return {"sharded": sharded, "wrong_size": wrong}
+
+
+def quantized_weights(module: torch.nn.Module) -> int:
+    """Parameters of `module` held as a quantized tensor subclass (what torchao's quantization leaves), DTensors
+    not counted."""
+    from torch.distributed.tensor import DTensor
+
+    count = 0
+    for param in module.parameters():
+        data = param.data if isinstance(param, torch.nn.Parameter) else param
+        if type(data) is not torch.Tensor and not isinstance(data, DTensor):
+            count += 1
+    return count
+
+
+def compiled_modules(module: torch.nn.Module) -> int:
+    """Submodules of `module` (itself included) that torch.compile wrapped (`Module.compile()` or OptimizedModule)."""
+    return sum(1 for m in module.modules() if getattr(m, "_compiled_call_impl", None) is not None
+               or type(m).__name__ == "OptimizedModule")

@@ -136,7 +136,7 @@ def _vae(facts: dict[str, Any], base: dict[str, Any]) -> Proof:
 def check(row: Row, facts: dict[str, Any], base_row: Row, base_facts: dict[str, Any]) -> list[Proof]:
     proofs = []
     parallel = row.parallel or {}
-    if row.cache:
+    if row.cache is not None:
         proofs.append(_cache(facts))
     if row.cp_size > 1:
         proofs.append(_cp(row, facts, base_facts, base_row))
@@ -147,4 +147,20 @@ def check(row: Row, facts: dict[str, Any], base_row: Row, base_facts: dict[str, 
         proofs.append(_sharded("tep", facts, [k for k in (facts.get("sharded") or {}) if k.startswith("text_encoder")]))
     if parallel.get("vae"):
         proofs.append(_vae(facts, base_facts))
+    if row.quantize:
+        proofs.append(_counted("quantization", facts.get("quantized"), "weight(s) held quantized",
+                               "no transformer weight is a quantized tensor: the quantization did not act"))
+    if row.compile:
+        proofs.append(_counted("compile", facts.get("compiled"), "module(s) compiled",
+                               "no transformer module was wrapped by torch.compile"))
     return proofs
+
+
+def _counted(feature: str, counts: dict[str, int] | None, what: str, none: str) -> Proof:
+    """A feature proved by a count per transformer (quantized weights, compiled modules): some count above 0."""
+    if counts is None:
+        return Proof(feature, False, f"the row recorded no {feature} facts, so it cannot show the feature acted")
+    found = {name: n for name, n in counts.items() if n}
+    if not found:
+        return Proof(feature, False, none)
+    return Proof(feature, True, ", ".join(f"{name}: {n} {what}" for name, n in found.items()))

@@ -183,7 +183,7 @@ def _check(row: Row, where: str = "") -> Row:
         raise RowError(f"{at}, field compile: must be true, false or a mapping of options, got {row.compile!r}")
     unknown = set(row.compile) - COMPILE_OPTIONS if isinstance(row.compile, dict) else set()
     if unknown:
-        raise RowError(f"{at}, field compile: unknown option(s) {', '.join(sorted(unknown))}; "
+        raise RowError(f"{at}, field compile: unknown compile option(s) {', '.join(sorted(unknown))}; "
                        f"known: {', '.join(sorted(COMPILE_OPTIONS))}")
     quantize = row.quantize
     if quantize is not None and not isinstance(quantize.get("quant_type"), str):

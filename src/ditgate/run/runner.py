@@ -10,11 +10,9 @@ multi-rank row starts its own torchrun group (kept to compare the two: benchmark
 
 from __future__ import annotations
 
-import datetime as _dt
 import gc
 import itertools
 import os
-import re
 import sys
 import time
 import traceback
@@ -26,8 +24,9 @@ from ditgate.run import store
 from ditgate.run.hints import HINTS
 from ditgate.core.errors import DitgateError
 from ditgate.core.request import Request
-from ditgate.run.folder import (LOCK, FolderLock, RunFolderError, abandon, check_options, open_folder,  # noqa: F401
-                                read_run_json)
+from ditgate.run.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
+                                copy_finished_rows, default_out, prepare)
+from ditgate.run.folder import done as _done
 from ditgate.run.rows import Row
 
 
@@ -92,72 +91,6 @@ def _versions() -> dict[str, str]:
             "python": sys.version.split()[0]}
 
 
-def default_out(model: str) -> Path:
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(str(model).removeprefix("zoo:")).name).strip("-") or "model"
-    return Path("runs") / f"{stem}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-def _identity(cfg: RunConfig, model_path: Path) -> dict[str, Any]:
-    return {"model": cfg.model, "model_path": str(model_path), "request": cfg.request.to_dict(),
-            "dtype": cfg.dtype, "device": cfg.device, "integration": str(cfg.integration) if cfg.integration else None}
-
-
-def check_resumable(run_dir: Path, cfg: RunConfig, model_path: Path) -> None:
-    """Raise RunFolderError unless the run in `run_dir` has the model, request, dtype, device and integration of
-    `cfg` (rows are checked one by one, by fingerprint, when they are resumed)."""
-    previous = read_run_json(run_dir)
-    changed = [k for k, v in _identity(cfg, model_path).items() if previous.get(k) != v]
-    if changed:
-        raise RunFolderError(f"cannot resume {run_dir}: {', '.join(changed)} differ from the run it holds")
-
-
-def _prepare_folder(cfg: RunConfig, model_path: Path) -> tuple[Path, FolderLock]:
-    """The run folder, locked for this run (see ditgate.run.folder); refused before anything is written in it."""
-    run_dir = Path(cfg.out) if cfg.out else default_out(cfg.model)
-    lock, created = open_folder(run_dir, cfg.resume)
-    try:
-        run_file = run_dir / "run.json"
-        if run_file.is_file():
-            if not cfg.resume:
-                raise RunFolderError(f"{run_dir} already holds a run; pass --resume to continue it, or choose "
-                                     "another --out")
-            check_resumable(run_dir, cfg, model_path)
-        elif any(p.name != LOCK for p in run_dir.iterdir()):
-            raise RunFolderError(f"{run_dir} exists and is not a ditgate run folder")
-        store.write_json(run_file, _identity(cfg, model_path) | {"versions": _versions(),
-                                                                 "rows": [r.to_dict() for r in cfg.rows]})
-    except BaseException:
-        abandon(run_dir, lock, created)
-        raise
-    return run_dir, lock
-
-
-def copy_finished_rows(source: Path, run_dir: Path, names: list[str]) -> None:
-    """Seed `run_dir` with the finished rows `names` of the run in `source` (and its run.json), so that a run there
-    with `resume=True` reuses them: the runner still checks that model, request, dtype, device and integration are
-    the same, and each row's fingerprint, and computes whatever does not match."""
-    import shutil
-
-    (run_dir / "rows").mkdir(parents=True, exist_ok=True)
-    shutil.copy(source / "run.json", run_dir / "run.json")
-    for name in names:
-        if (source / "rows" / name / store.RESULT).is_file():
-            shutil.copytree(source / "rows" / name, run_dir / "rows" / name)
-
-
-def _done(run_dir: Path, row: Row, resume: bool) -> dict[str, Any] | None:
-    if not resume:
-        return None
-    try:
-        result = store.load_result(run_dir, row.name)
-    except (OSError, ValueError):  # unreadable: the row runs again
-        return None
-    if not (isinstance(result, dict) and result.get("status") == "ok"
-            and result.get("fingerprint") == row.fingerprint()):
-        return None
-    return result if store.outputs_readable(run_dir, row.name) else None
-
-
 def preflight(cfg: RunConfig, model_path: Path, row: Row) -> str | None:
     """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.run.preflight)."""
     from ditgate.run import preflight as checks
@@ -174,7 +107,7 @@ class Runner:
         check_options(cfg)
         self.model_path = resolve(cfg.model)
         read_index(self.model_path)  # a model_index.json that cannot be read is refused before any folder is made
-        self.run_dir, self._lock = _prepare_folder(cfg, self.model_path)
+        self.run_dir, self._lock = prepare(cfg, self.model_path, _versions)
         self.states = {row.name: RowState(row) for row in cfg.rows}
         self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
         if cfg.launch not in LAUNCHES:
