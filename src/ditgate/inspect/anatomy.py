@@ -55,6 +55,7 @@ from ditgate.core.errors import PipelineRunError
 from ditgate.inspect.model import Anatomy, BlockList, Component, DEFAULT_NEGATIVE_PROMPT, DEFAULT_PROMPT
 from ditgate.inspect.sequence import analyse_sequence, divisibility
 from ditgate.inspect.attention import analyse_attention, tp_layers
+from ditgate.inspect.traits import analyse_traits, revise_tp_layers
 from ditgate.inspect.blocks import _analyse_lists, _positional, _signature, observe_transformer, static_block_lists
 
 
@@ -123,17 +124,21 @@ def build_call(pipe, defaults: dict[str, Any] | None, *, height: int | None = No
 
 
 def run_probe(pipe, transformers: dict[str, Any], call: dict[str, Any]) -> Probe:
+    """Run `pipe(**call)` with a `Probe` (returned) and a `Trace` (kept on the probe as `probe.trace`)."""
     import torch
+
+    from ditgate.inspect.trace import Trace
 
     params = inspect.signature(type(pipe).__call__).parameters
     probe = Probe(transformers)
+    trace = probe.trace = Trace(transformers, probe)
     kwargs = dict(call)
     if "generator" in params:
         kwargs["generator"] = torch.Generator("cpu").manual_seed(0)
     if "callback_on_step_end" in params:
         kwargs["callback_on_step_end"] = probe.step_end_callback
     try:
-        with torch.no_grad(), probe:
+        with torch.no_grad(), probe, trace:
             pipe(**kwargs)
     except Exception as exc:  # noqa: BLE001 - report any failure of the user's pipeline as a usage problem
         raise PipelineRunError(f"running {type(pipe).__name__} with {call} failed: {type(exc).__name__}: {exc}. "
@@ -196,6 +201,14 @@ def run_probe(pipe, transformers: dict[str, Any], call: dict[str, Any]) -> Probe
 
 
 # -- putting it together ------------------------------------------------------------------------------------------
+def _separate_cfg(traits, calls_per_step: float | None) -> bool:
+    """Two calls of one transformer per step; two transformers called once each are not separate CFG."""
+    per_module = [n for n in traits.calls_per_step.values() if n is not None]
+    if per_module:
+        return max(per_module) >= 2
+    return bool(calls_per_step and calls_per_step >= 2)
+
+
 def _warnings(anatomy: Anatomy) -> list[str]:
     notes = []
     adapter = anatomy.cache_dit.get("adapter")
@@ -224,8 +237,11 @@ def _warnings(anatomy: Anatomy) -> list[str]:
     if anatomy.calls_per_step and anatomy.calls_per_step != int(anatomy.calls_per_step):
         notes.append("the transformer calls do not divide evenly into steps; some calls happen outside the loop")
     if anatomy.attention.mask and anatomy.attention.mask_all_true:
-        notes.append("the attention mask was all True in this run; a prompt that needs padding makes it real, "
-                     "and CP must reorder it")
+        notes.append("the attention mask was all True on every call of the first step; a prompt that needs "
+                     "padding makes it real, and CP must reorder it")
+    elif anatomy.traits.weak_mask:
+        notes.append("every mask was nearly all True (under 5% padding on every call of the first step): a mask "
+                     "fault would not show; use a short negative prompt or prompts of different lengths")
     return notes
 
 
@@ -256,7 +272,11 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
     sequence.joint = any(g.kind == "joint" for g in attention.groups)
     if sequence.joint:
         sequence.attention_tokens = (sequence.image_tokens or 0) + (sequence.text_tokens or 0)
-    sequence.divisibility = divisibility(sequence, attention.heads, attention.kv_heads)
+    traits = analyse_traits(transformers, probe, probe.trace, lists, sequence.image_tokens)
+    for norm, kind in traits.attention_norms.items():
+        if kind == "across heads" and norm not in attention.qk_norm_across_heads:
+            attention.qk_norm_across_heads.append(norm)
+    sequence.divisibility = divisibility(sequence, attention.heads, attention.kernel_kv_heads or attention.kv_heads)
 
     total = sum(r.calls for r in probe.transformers.values())
     if probe.step_calls:
@@ -275,6 +295,9 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
             dim = hidden.shape[-1] if getattr(hidden, "ndim", 0) == 3 else None
             tp.setdefault(type(blocks[0]).__name__, tp_layers(blocks[0], dim))
 
+    revise_tp_layers(tp, traits)
+    if traits.masks:  # over every call of the first step, not only the first one
+        attention.mask_all_true = all(c["padding_share"] == 0 for calls in traits.masks.values() for c in calls)
     support = cachedit_support.lookup(pipe, transformers, groups["text_encoders"], groups["vaes"])
     public_call = {k: v for k, v in call.items() if isinstance(v, (str, int, float, bool, type(None), list))}
     anatomy = Anatomy(
@@ -282,8 +305,8 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
         components={k: [_component(n, o) for n, o in v.items()] for k, v in groups.items()},
         block_lists=lists, between_lists=between, calls_per_step=calls_per_step, calls_by_step=by_step,
         transformer_calls={n: r.calls for n, r in probe.transformers.items()},
-        has_separate_cfg=bool(calls_per_step and calls_per_step >= 2), batch=batch, attention=attention,
-        sequence=sequence, tp_layers=tp, cache_dit=support.to_dict())
+        has_separate_cfg=_separate_cfg(traits, calls_per_step), batch=batch, attention=attention,
+        sequence=sequence, tp_layers=tp, cache_dit=support.to_dict(), traits=traits)
     anatomy.warnings = _warnings(anatomy)
     if dropped:
         anatomy.warnings.append(f"the pipeline's __call__ does not take {dropped}; they were left out of the run")

@@ -97,6 +97,7 @@ def analyse_attention(transformers: dict[str, Any], probe: Probe, sequence: Sequ
         result.heads = main.heads or main.kernel_heads
         result.head_dim = main.head_dim or main.kernel_head_dim
         result.kv_heads = main.kv_heads or main.kernel_kv_heads or result.heads
+        result.kernel_kv_heads = main.kernel_kv_heads
         result.gqa = bool(result.heads and result.kv_heads and result.kv_heads < result.heads)
     result.non_pytorch_kernels = list(dict.fromkeys(result.non_pytorch_kernels))
     return result

@@ -87,6 +87,7 @@ class AttentionGroup:
 class Attention:
     heads: int | None = None
     kv_heads: int | None = None
+    kernel_kv_heads: int | None = None  # key/value heads reaching the kernel (after a processor's expansion)
     head_dim: int | None = None
     gqa: bool = False
     mask: bool = False
@@ -111,6 +112,27 @@ class Sequence:
 
 
 @dataclass
+class Traits:
+    """What the blocks were seen doing (`ditgate.inspect.traits`): each item decides part of a CP or TP plan."""
+
+    masks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # group -> calls of the first step
+    mask_lines: list[str] = field(default_factory=list)
+    weak_mask: bool | None = None  # every mask nearly all True: mask faults would not show
+    per_block_tensors: list[dict[str, Any]] = field(default_factory=list)
+    interleaved: list[list[str]] = field(default_factory=list)  # [list a, list b] whose blocks alternate
+    list_layouts: dict[str, str] = field(default_factory=dict)  # block list -> what its block 0 returned
+    chunked_modulation: list[str] = field(default_factory=list)
+    gated_mlps: list[str] = field(default_factory=list)
+    reads_block_input: list[str] = field(default_factory=list)  # Linears whose input is no Linear of the block
+    packed_parameters: list[dict[str, Any]] = field(default_factory=list)
+    sequence_routing: list[str] = field(default_factory=list)  # sorts / top-k over the sequence inside a block
+    attention_norms: dict[str, str] = field(default_factory=dict)  # norm inside attention -> per head / across heads
+    repeated_modules: dict[str, int] = field(default_factory=dict)  # module outside the blocks -> calls per forward
+    output_types: dict[str, str] = field(default_factory=dict)  # transformer -> class of what it returned
+    calls_per_step: dict[str, float | None] = field(default_factory=dict)  # transformer -> calls per step
+
+
+@dataclass
 class Anatomy:
     model: str
     pipeline: Component
@@ -130,6 +152,7 @@ class Anatomy:
     cache_dit: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     plan: str = ""
+    traits: Traits = field(default_factory=Traits)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

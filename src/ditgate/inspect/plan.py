@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ditgate.inspect import plan_traits
+from ditgate.inspect.traits import split_points
+
 if TYPE_CHECKING:
     from ditgate.inspect.model import Anatomy, BlockList
 
@@ -53,14 +56,20 @@ def _glance(a: "Anatomy") -> list[str]:
     lines.append(f"- Transformer calls per step: {a.calls_per_step:g} -> has_separate_cfg={a.has_separate_cfg}"
                  if a.calls_per_step is not None else "- Transformer calls per step: not measured")
     at = a.attention
-    lines.append(f"- Attention: {at.heads} heads, {at.kv_heads} KV heads{' (GQA)' if at.gqa else ''}, head_dim "
-                 f"{at.head_dim}; mask reaches attention: {'yes' if at.mask else 'no'}")
+    lines.append(f"- Attention: {_n(at.heads)} heads, {_n(at.kv_heads)} KV heads{' (GQA)' if at.gqa else ''}, "
+                 f"head_dim {_n(at.head_dim)}; mask reaches attention: {'yes' if at.mask else 'no'}")
     s = a.sequence
     text = f" + {s.text_tokens} text tokens ({'joint' if s.joint else 'not joint'})" if s.text_tokens else ""
-    lines.append(f"- Sequence at {a.call.get('height')}x{a.call.get('width')}"
-                 f"{' x ' + str(a.call['num_frames']) + ' frames' if a.call.get('num_frames') else ''}: "
-                 f"{s.image_tokens} image tokens{text}")
+    size = "x".join(str(a.call[k]) for k in ("height", "width") if a.call.get(k) is not None)
+    frames = f" x {a.call['num_frames']} frames" if a.call.get("num_frames") else ""
+    where = f" at {size}{frames}" if size else (f" at{frames}" if frames else " of the default call")
+    lines.append(f"- Sequence{where}: {_n(s.image_tokens)} image tokens{text}")
     return lines
+
+
+def _n(value) -> str:
+    """A count for the text: 'unknown' rather than None."""
+    return "unknown" if value is None else str(value)
 
 
 def _cache(a: "Anatomy", adapter: dict[str, Any] | None) -> tuple[list[str], bool]:
@@ -92,6 +101,7 @@ def _cache(a: "Anatomy", adapter: dict[str, Any] | None) -> tuple[list[str], boo
     functor = [b for b in called if b.patch_functor_needed]
     lines.append("- PatchFunctor: " + ("needed for " + ", ".join(f"`{b.attribute}`" for b in functor)
                                        if functor else "not needed (each loop body is one block call)"))
+    lines += plan_traits.cache_lines(a)
     lines.append("")
     lines += [_box("block lists and ForwardPattern confirmed against the block source "
                    "(" + ", ".join(f"{b.attribute}: {b.pattern or 'none'}" for b in called) + ")"),
@@ -117,10 +127,14 @@ def _cp(a: "Anatomy", planners: dict[str, Any]) -> tuple[list[str], bool]:
         split = [f"`{first.call['positional'][0] if first.call['positional'] else 'hidden_states'}` (dim 1)"]
         if s.joint and first.encoder_param:
             split.append(f"`{first.encoder_param}` (dim 1; joint attention)")
-        lines.append(f"- split at `{first.attribute}.0`: " + ", ".join(split)
-                     + " (or at the root `\"\"` if the preprocessing is per-token)")
+        if a.traits.interleaved:
+            lines.append(f"- {split_points(a.traits, first.attribute)}")
+        else:
+            lines.append(f"- split at `{first.attribute}.0`: " + ", ".join(split)
+                         + " (or at the root `\"\"` if the preprocessing is per-token)")
     for table in s.per_token_tables:
         lines.append(f"- per-token table: {table} -> split its output with the sequence (split_output=True)")
+    lines += plan_traits.cp_lines(a)
     if s.gather_candidates:
         lines.append(f"- gather at `{s.gather_candidates[-1]}` (gather_dim=1)")
     else:
@@ -131,6 +145,7 @@ def _cp(a: "Anatomy", planners: dict[str, Any]) -> tuple[list[str], bool]:
                      "never split it")
     else:
         lines.append("- no attention mask reaches attention in this run")
+    lines += plan_traits.mask_lines(a)
     uaa = [r for r, row in s.divisibility.items() if row["ulysses"] != "ok"]
     lines.append("- divisibility: " + ", ".join(f"{r} ranks {row['ulysses']}" for r, row in s.divisibility.items())
                  + (" -> ulysses-anything where marked" if uaa else ""))
@@ -154,7 +169,7 @@ def _tp(a: "Anatomy", planners: dict[str, Any]) -> tuple[list[str], bool]:
     at = a.attention
     lines += ["", "Choices:"]
     tp = ", ".join(f"tp={r}: {'ok' if row['tp'] else 'not divisible'}" for r, row in a.sequence.divisibility.items())
-    lines.append(f"- heads {at.heads}, KV heads {at.kv_heads}: {tp}")
+    lines.append(f"- heads {_n(at.heads)}, KV heads {_n(at.kv_heads)}: {tp}")
     lines.append("- per attention module: `shard_div_attr(attn, \"heads\", tp)` when Q/K/V are sharded")
     if at.gqa:
         lines.append("- GQA: shard K/V only when KV heads divide by tp; otherwise FFN-only or Replicate attention")
@@ -163,6 +178,7 @@ def _tp(a: "Anatomy", planners: dict[str, Any]) -> tuple[list[str], bool]:
                      "Colwise, or keep them replicated")
     if at.qk_norm_across_heads:
         lines.append(f"- QK norm over all heads ({at.qk_norm_across_heads[:2]}): its statistics span the shards")
+    lines += plan_traits.tp_lines(a)
     if at.non_pytorch_kernels:
         lines.append(f"- non-PyTorch kernels ({at.non_pytorch_kernels[:3]}): replace with PyTorch ops before "
                      "parallelising (DTensor-unsafe)")

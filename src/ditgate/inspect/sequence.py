@@ -80,12 +80,15 @@ def _tables_and_gathers(record, sequence: Sequence, hidden, text, first_list: st
 
 
 def divisibility(sequence: Sequence, heads: int | None, kv_heads: int | None) -> dict[str, dict[str, Any]]:
+    """Per rank count: whether the split sequences (the text only under joint attention; cross-attention keeps it
+    whole) and the query and key/value heads reaching the kernel (after any expansion) divide."""
     def div(n: int | None, r: int) -> bool | None:
         return None if n is None else n % r == 0
 
     table = {}
+    text = sequence.text_tokens if sequence.joint else None
     for r in RANKS:
-        row = {"image_tokens": div(sequence.image_tokens, r), "text_tokens": div(sequence.text_tokens, r),
+        row = {"image_tokens": div(sequence.image_tokens, r), "text_tokens": div(text, r),
                "heads": div(heads, r), "kv_heads": div(kv_heads, r)}
         split = [row["image_tokens"]] + ([row["text_tokens"]] if sequence.joint else [])
         seq_ok = all(x is not False for x in split)

@@ -23,6 +23,28 @@ def _signature(block) -> str:
     return f"{block.block_class}.forward({', '.join(params)})" + (f" -> {block.returns}" if block.returns else "")
 
 
+def _traits(a) -> list[str]:
+    """What the blocks were seen doing (`Anatomy.traits`), one line each."""
+    t = a.traits
+    lines = [f"  mask: {line}" for line in t.mask_lines]
+    if t.weak_mask:
+        lines.append("  ! every mask was nearly all True: a mask fault would not show in this run")
+    lines += [f"  reaches every block of {i['list']} unchanged: {i['argument']} {i['shape']} (dim {i['dim']} "
+              f"sequence-long; {'made by ' + i['made_by'] if i['made_by'] else 'built in forward'})"
+              for i in t.per_block_tensors]
+    lines += [f"  interleaved block lists: {first} and {second}" for first, second in t.interleaved]
+    lines += [f"  chunked modulation: {name}" for name in t.chunked_modulation]
+    lines += [f"  fused gated MLP: {name}" for name in t.gated_mlps]
+    lines += [f"  packed parameter: {p['parameter']} {p['shape']}" for p in t.packed_parameters]
+    lines += [f"  ! CP hazard, routing over the whole sequence: {note}" for note in t.sequence_routing]
+    lines += [f"  norm inside attention: {name} ({kind})" for name, kind in t.attention_norms.items()]
+    lines += [f"  called {n} times per forward: {name}" for name, n in t.repeated_modules.items()]
+    counted = {k: v for k, v in t.calls_per_step.items() if v is not None}
+    if len(counted) > 1:
+        lines.append("  calls per step: " + ", ".join(f"{k} {v:g}" for k, v in counted.items()))
+    return (["Traits (observed)"] + lines + [""]) if lines else []
+
+
 def render(a) -> str:
     """The human report: short sections, each a small table."""
     out = [f"{a.model}: {a.pipeline.cls}  ({a.pipeline.source_file})",
@@ -65,7 +87,8 @@ def render(a) -> str:
 
     s = a.sequence
     out.append("Sequence")
-    out.append(f"  image tokens {s.image_tokens}, text tokens {s.text_tokens}, "
+    text = f"text tokens {s.text_tokens}" if s.text_tokens is not None else "no text stream entering the blocks"
+    out.append(f"  image tokens {s.image_tokens if s.image_tokens is not None else 'unknown'}, {text}, "
                f"{'joint attention over ' + str(s.attention_tokens) + ' tokens' if s.joint else 'no joint attention'}"
                f"; batch {a.batch}")
     rows = [[r, _yes(d["image_tokens"]), _yes(d["text_tokens"]), _yes(d["heads"]), _yes(d["kv_heads"]),
@@ -75,6 +98,8 @@ def render(a) -> str:
     if s.gather_candidates:
         out.append(f"  after the blocks, still image-sequence long: {', '.join(s.gather_candidates)}")
     out.append("")
+
+    out += _traits(a)
 
     c = a.cache_dit
     out.append(f"cache-dit {c['cache_dit_version']} provides")

@@ -1,0 +1,178 @@
+"""Traits of a transformer that decide its CP and TP plans, read from what one run did (`Probe` and `Trace`).
+
+Each finding says what was observed and what the plan does about it; `ditgate.inspect.plan` and `.text` show them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ditgate.inspect.model import H, Traits
+
+GATED = ("fused gated MLP: one Linear, output chunked in two, one half through an activation times the other; "
+         "Colwise shards would pair the wrong halves: relay out its rows per rank (gate_r, up_r) then Colwise, or "
+         "keep it replicated")
+MODULATION = "Colwise(output_layouts=Replicate()) (chunked modulation: every rank needs every chunk)"
+WEAK_MASK = 0.05  # a mask with less padding than this share of its entries hardly tests mask handling
+
+
+def _leaves(value: Any, path: str = ""):
+    if isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{path}[{k!r}]")
+    elif hasattr(value, "shape"):
+        yield path, value
+
+
+def per_block_tensors(t_name: str, record, lists: list) -> list[dict[str, Any]]:
+    """Tensors that reach every block of a list unchanged and have a dimension as long as the list's sequence."""
+    found = []
+    made_by = {id(t): child for child, out in record.child_outputs.items() for _, t in _leaves(out)}
+    for b in lists:
+        lr = record.lists.get(b.attribute)
+        if lr is None or lr.first_call is None or b.length < 2:
+            continue
+        bound = lr.first_call.bound
+        positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
+        hidden = bound.get(positional[0]) if positional else None
+        streams = {positional[0]} | ({b.encoder_param} if b.encoder_param else set())
+        lengths = {int(bound[s].shape[1]) for s in streams if getattr(bound.get(s), "ndim", 0) >= 3}
+        changed = {a for tr in lr.transitions for a in tr.changed_args}
+        if hidden is None or not lengths:
+            continue
+        for param, value in bound.items():
+            if param in streams or param in changed or "mask" in param.lower():
+                continue
+            for leaf, tensor in _leaves(value):
+                dims = [d for d in range(tensor.ndim - 1) if tensor.shape[d] in lengths]
+                if not dims:
+                    continue
+                child = made_by.get(id(tensor))
+                how = (f"made by `{child}`: split its output there (split_output=True), or at `{b.attribute}.*`"
+                       if child else f"built in forward, no module makes it: split it at `{b.attribute}.*`")
+                if interleaved(record):
+                    how += f" where `{b.attribute}`'s sequence (dim 1) is the one split"
+                found.append({"list": f"{t_name}.{b.attribute}", "argument": param + leaf,
+                              "shape": list(tensor.shape), "dim": dims[0], "made_by": child, "action": how})
+    return found
+
+
+def interleaved(record) -> list[tuple[str, str]]:
+    """Pairs of block lists whose blocks alternate in the loop (a.0, b.0, a.1, b.1, ...)."""
+    order = [e for e in record.events if e.rsplit(".", 1)[0] in record.lists]
+    pairs = []
+    for a, b in zip(order, order[1:]):
+        la, lb = a.rsplit(".", 1)[0], b.rsplit(".", 1)[0]
+        if la != lb and (la, lb) not in pairs and f"{la}.1" in order and order.index(f"{la}.1") > order.index(b):
+            pairs.append((la, lb))
+    return pairs
+
+
+def packed_parameters(t_name: str, transformer, lists: dict) -> list[dict[str, Any]]:
+    import torch
+
+    found = []
+    for attribute, blocks in lists.items():
+        for path, param in blocks[0].named_parameters():
+            owner = blocks[0].get_submodule(path.rsplit(".", 1)[0]) if "." in path else blocks[0]
+            # several matrices stacked on dim 0 (experts); a [1, n, dim] table is a per-block constant
+            if param.ndim >= 3 and param.shape[0] > 1 and not isinstance(owner, torch.nn.modules.conv._ConvNd):
+                found.append({"parameter": f"{t_name}.{attribute}.*.{path}", "shape": list(param.shape),
+                              "tp": "not a Linear: ColwiseParallel/RowwiseParallel cannot take it; keep it replicated,"
+                                    " or shard each expert's hidden dimension by hand (distribute_tensor, Shard) and "
+                                    "reduce the output over the ranks"})
+    return found
+
+
+def mask_findings(masks: dict[str, list]) -> tuple[list[str], bool | None]:
+    """One line per attention group with a mask; whether every mask was nearly all True (a weak test)."""
+    lines, weak = [], None
+    for group, calls in masks.items():
+        shares = [c["padding_share"] for c in calls]
+        samples = [s for c in calls for s in c["per_sample"]]
+        lines.append(f"{group}: mask {calls[0]['shape']} on {len(calls)} call(s) of the first step, padding share "
+                     + ", ".join(f"{s:.1%}" for s in shares)
+                     + (f" (per sample {min(samples):.1%} to {max(samples):.1%})" if len(set(samples)) > 1 else ""))
+        weak = (weak is not False) and max(shares) < WEAK_MASK
+    return lines, weak
+
+
+def analyse_traits(transformers: dict, probe, trace, lists: list, sequence_tokens: int | None) -> Traits:
+    from ditgate.inspect.observe import block_lists
+
+    traits = Traits()
+    for t_name, transformer in transformers.items():
+        record, tr = probe.transformers[t_name], trace.records[t_name]
+        t_lists = [b for b in lists if b.transformer == t_name and b.called]
+        traits.per_block_tensors += per_block_tensors(t_name, record, t_lists)
+        for a, b in interleaved(record):
+            if [f"{t_name}.{b}", f"{t_name}.{a}"] not in traits.interleaved:
+                traits.interleaved.append([f"{t_name}.{a}", f"{t_name}.{b}"])
+        traits.packed_parameters += packed_parameters(t_name, transformer, block_lists(transformer))
+        for layer, use in tr.linears.items():
+            name = f"{t_name}.{layer}"
+            if use.gated:
+                traits.gated_mlps.append(name)
+            elif use.chunks and use.chunks > 1:
+                traits.chunked_modulation.append(f"{name} (chunk {use.chunks})")
+            if use.input_from is None and use.in_features != use.out_features and not use.chunks:
+                traits.reads_block_input.append(name)
+        traits.sequence_routing += [f"{t_name}.{s}" for s in tr.sequence_sorts]
+        traits.attention_norms.update({f"{t_name}.{k}": v for k, v in tr.attention_norms.items()})
+        traits.repeated_modules.update({f"{t_name}.{k}": v for k, v in tr.repeated_modules.items()})
+        traits.output_types[t_name] = tr.output_type or "not called"
+        traits.masks.update({f"{t_name}.{g}": [vars(c) for c in calls] for g, calls in tr.masks.items()})
+        traits.calls_per_step[t_name] = _calls_per_step(tr.calls, probe.step_calls)
+        for b in t_lists:
+            shapes = [s for s in b.output_shapes if s.startswith("tensor")]
+            if shapes:
+                traits.list_layouts[f"{t_name}.{b.attribute}"] = shapes[0]
+    traits.mask_lines, traits.weak_mask = mask_findings(traits.masks)
+    return traits
+
+
+def _calls_per_step(calls: list[int], step_marks: list[int]) -> float | None:
+    """The most common number of this transformer's calls in the steps it ran in (pipeline call numbers against the
+    step ends): a high-/low-noise pair each run once per step of their own half."""
+    if not calls:
+        return 0.0
+    if not step_marks:
+        return None
+    from collections import Counter
+
+    bounds = [0] + step_marks
+    counts = [n for n in (sum(1 for c in calls if a < c <= b) for a, b in zip(bounds, bounds[1:])) if n]
+    return float(Counter(counts).most_common(1)[0][0]) if counts else 0.0
+
+
+def split_points(traits: Traits, first_list: str, hidden: str = H) -> str:
+    """Where the draft splits the sequence, given the interleaved lists."""
+    if traits.interleaved:
+        a, b = (name.split(".", 1)[-1] for name in traits.interleaved[0])
+        layouts = ", ".join(f"{k.split('.', 1)[-1]} {v}" for k, v in traits.list_layouts.items())
+        return (f"split before both `{a}` and `{b}` (the embedder's output, "
+                "split_output=True, or the root): a split at the first block of one list changes what the other "
+                "list's blocks receive; declare each list's split dimension in CP_SPLIT_DIMS "
+                f"(observed layouts: {layouts})")
+    return f"split at `{first_list}.0`: `{hidden}` (dim 1)"
+
+
+def revise_tp_layers(tp: dict[str, list[dict[str, Any]]], traits: Traits) -> None:
+    """Replace name-based TP guesses with what the run showed (chunked modulation, gated MLPs, input projections)."""
+    def layer(name: str) -> str:
+        return name.split(".*.", 1)[-1].split(" (chunk")[0]
+
+    modulation = {layer(n) for n in traits.chunked_modulation}
+    gated = {layer(n) for n in traits.gated_mlps}
+    inputs = {layer(n) for n in traits.reads_block_input}
+    for rows in tp.values():
+        for row in rows:
+            if row["layer"] in gated:
+                row["style"] = "fused gated MLP: relayout per rank then Colwise, or Replicate"
+            elif row["layer"] in modulation:
+                row["style"] = "Colwise(output_layouts=Replicate())"
+            elif row["layer"] in inputs and row["style"].startswith("Rowwise"):
+                row["style"] = "review: reads no other layer of the block (an input projection): Colwise or Replicate"
