@@ -110,6 +110,8 @@ def test_tinyst_correct_integration_passes_with_each_list_on_its_dimension(tmp_p
     assert "temporal_blocks: 128 on dimension 0 split into 64 per rank (CP_SPLIT_DIMS)" in cp
     assert by_name["cp-ulysses-2"]["metrics"]["max_abs"] <= 1e-5
     assert set(_proofs(by_name["cache+ulysses-2"])) == {"cache", "cp"}
+    (also,) = by_name["cache+ulysses-2"]["verdict"]["also"]  # the cache gate against the baseline, too
+    assert also["against"] == "baseline" and also["phase"] == "cache" and also["passed"], also
 
 
 def test_tinyst_temporal_list_left_whole_fails_the_cp_proof_naming_it(tmp_path):

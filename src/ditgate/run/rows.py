@@ -42,6 +42,7 @@ class Row:
     description: str = ""
     compile: bool | dict[str, Any] = False  # torch.compile the transformer(s): True, or options (COMPILE_OPTIONS)
     quantize: dict[str, Any] | None = None  # cache_dit.QuantizeConfig fields, e.g. {"quant_type": "float8_per_row"}
+    also_against: dict[str, str] | None = None  # further rows it is gated against: {row name: phase of the gate}
 
     @property
     def world_size(self) -> int:
@@ -68,6 +69,7 @@ class Row:
     def fingerprint(self) -> str:
         """Changes whenever anything that affects this row's output changes (used by --resume)."""
         fields = dataclasses.asdict(self) | {"description": ""}
+        del fields["also_against"]  # what the row is compared with does not change its output
         for key in ("compile", "quantize"):  # rows without them keep the fingerprint they had before these existed
             if not fields[key]:
                 del fields[key]
@@ -98,7 +100,9 @@ DEFAULT_ROWS: tuple[Row, ...] = (
     Row("tp-2+vaep", "vaep", baseline="baseline-tiled", parallel={"tp_size": 2, "vae": True},
         description="TP plus VAE parallelism, against the tiled baseline"),
     Row("cache+ulysses-2", "cp", baseline="cache", cache=DEFAULT_CACHE, parallel={"ulysses_size": 2},
-        description="cache enabled before Ulysses-2, against the cached single-process row"),
+        also_against={"baseline": "cache"},
+        description="cache enabled before Ulysses-2: the cp gate against the cached single-process row, the cache "
+                    "gate against the baseline"),
     Row("hybrid-u2xtp2", "hybrid", parallel={"ulysses_size": 2, "tp_size": 2},
         description="Ulysses-2 x TP-2 on 4 ranks"),
 )
@@ -168,6 +172,11 @@ def _check(row: Row, where: str = "") -> Row:
     at = f"{where}row {row.name!r}"
     if row.phase is not None and row.phase not in PHASES:
         raise RowError(f"{at}, field phase: unknown phase {row.phase!r}; phases: {', '.join(PHASES)}")
+    also = row.also_against
+    if also is not None and not (isinstance(also, dict) and all(
+            isinstance(k, str) and v in PHASES for k, v in also.items())):
+        raise RowError(f"{at}, field also_against: must map row names to phases ({', '.join(PHASES)}), "
+                       f"got {also!r}")
     if row.phase is not None and not row.baseline:
         raise RowError(f"{at}: a gated row needs a baseline row to compare with")
     if row.phase is not None and not PHASE_FEATURES[row.phase][1](row):
@@ -245,8 +254,9 @@ def select(rows: list[Row] | tuple[Row, ...], names: str | list[str] | None) -> 
         row = by_name.get(name)
         if row is None:
             raise RowError(f"row {chain[-1]!r} compares with unknown row {name!r}")
-        if row.baseline:
-            add(row.baseline, chain + (name,))
+        for other in [row.baseline, *(row.also_against or {})]:
+            if other:
+                add(other, chain + (name,))
         chosen.setdefault(name, row)
 
     for name in wanted:
