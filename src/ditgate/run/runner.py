@@ -318,35 +318,14 @@ class Runner:
                            gates=self._gates())
         state.verdict = verdict.to_dict() | ({"floor": json_ready(audio)} if audio else {})
         state.reasons.extend(verdict.reasons)
-        self._judge_also(state, load, modality, audio)
+        from ditgate.run.judge import judge_also
+
+        judge_also(state, self.states, load, modality, dtype=self.cfg.dtype, floor=audio.get("used"),
+                   gates=self._gates())
         for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
             state.proofs.append(proof.to_dict())
             if not proof.passed:
                 state.reasons.append(f"{proof.feature} did not act: {proof.detail}")
-
-    def _judge_also(self, state: RowState, load, modality: str, audio: dict) -> None:
-        """Gate the row against its further rows too (`Row.also_against`): cache + CP against the baseline."""
-        from ditgate.gates.verdicts import evaluate
-
-        also = []
-        for name, phase in (state.row.also_against or {}).items():
-            other = self.states.get(name)
-            if other is None or not other.ran:
-                reasons = [f"its comparison row {name!r} did not run"]
-                also.append({"against": name, "phase": phase, "passed": False, "reasons": reasons})
-            else:
-                latents = (load(name, "latents"), load(state.row.name, "latents"))
-                verdict = evaluate(phase, modality, load(name, "output"), load(state.row.name, "output"),
-                                   latents=latents if all(x is not None for x in latents) else None,
-                                   noise=load(name, "noise"), dtype=self.cfg.dtype,
-                                   sample_rate=state.result.get("sample_rate"), floor=audio.get("used"),
-                                   gates=self._gates())
-                also.append({"against": name, "phase": phase, "passed": verdict.passed,
-                             "metrics": verdict.to_dict().get("metrics"), "reasons": list(verdict.reasons)})
-            state.reasons += [f"against {name} ({phase} gate): {r}" for r in also[-1]["reasons"]]
-        if also:
-            state.verdict["also"] = also
-            state.verdict["passed"] = bool(state.verdict["passed"]) and all(a["passed"] for a in also)
 
     def _gates(self) -> dict | None:
         """The run's own gate table (`gates=`), read once; None: gates.json."""
