@@ -73,6 +73,8 @@ def test_tinymoe_inspect_routing_hazard_gated_mlp_packed_experts_and_modulation(
     assert t.attention_norms == {"transformer.blocks.*.attn.q_norm": "per head",
                                  "transformer.blocks.*.attn.k_norm": "per head"}  # found by what they do
     assert t.repeated_modules == {"transformer.rope": 2}
+    assert t.long_skips == ["transformer: the first block's input is added to the stream after `blocks.1`"]
+    assert "long skip: the first block's input is added" in a.plan and "so the residual is split too" in a.plan
     (rope,) = t.per_block_tensors
     assert rope["argument"] == "rope" and rope["made_by"] is None and "`blocks.*`" in rope["action"]
     styles = {r["layer"]: r["style"] for r in a.tp_layers["TinyMoEBlock"]}
@@ -97,6 +99,49 @@ def test_inspect_text_and_plan_never_say_none(name):
     a = anatomy(name)
     for text in (render(a), a.plan):
         assert "None" not in text, [line for line in text.splitlines() if "None" in line]
+
+
+def test_a_block_module_run_outside_its_block_is_found():
+    import torch
+
+    from ditgate.inspect.trace import Trace
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, hidden_states):
+            return hidden_states + self.proj(hidden_states)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(2))
+
+        def forward(self, x):
+            x = x + self.blocks[0].proj(x)  # the block list read outside the loop
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    model = Model()
+    with torch.no_grad(), Trace({"transformer": model}) as trace:
+        model(torch.randn(1, 4, 8))
+    assert trace.records["transformer"].outside_calls == ["blocks.0.proj (called while blocks.0 is not running)"]
+
+
+def test_two_transformers_called_once_each_per_step_are_not_separate_cfg():
+    from ditgate.inspect.anatomy import _separate_cfg
+    from ditgate.inspect.model import Traits
+    from ditgate.inspect.traits import _calls_per_step
+
+    steps = [2, 4, 6]  # pipeline-wide transformer calls counted at each step end
+    first, second = _calls_per_step([1, 3, 5], steps), _calls_per_step([2, 4, 6], steps)
+    assert first == second == 1.0
+    assert _separate_cfg(Traits(calls_per_step={"transformer": first, "transformer_2": second}), 2.0) is False
+    assert _separate_cfg(Traits(calls_per_step={"transformer": _calls_per_step([1, 2, 3, 4], [2, 4])}), 2.0)
+    assert _calls_per_step([1, 2], [2, 4]) == 2.0  # a high-noise transformer that runs in the first step only
 
 
 # -- the rows -----------------------------------------------------------------------------------------------------

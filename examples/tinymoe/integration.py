@@ -5,7 +5,8 @@
 Cache (`block_adapter`). One block list, `blocks`, whose blocks take and return `hidden_states`:
 `ForwardPattern.Pattern_3`.
 
-Context parallelism (`cp_plan`). The image tokens are split at the first block and gathered at `proj_out`; the
+Context parallelism (`cp_plan`). The image tokens are split at the output of `x_embedder`, before the long skip
+takes its copy (a split at the first block would leave the skip whole), and gathered at `proj_out`; the
 rotary table (the `rope` module's two calls, concatenated in `forward`) reaches every block unchanged and is split
 at `blocks.*`. Expert-choice routing picks each expert's tokens over the whole sequence, so the MoE must see the
 whole sequence: the sub-module form gathers the output of `blocks.*.norm2` (the MoE's input, before the router) and
@@ -59,7 +60,7 @@ def split(dim: int, dims: int, output: bool = False) -> _ContextParallelInput:
 
 def context_parallel_plan(transformer, whole_sequence_routing: bool = True) -> dict:
     install_processors(transformer)
-    plan = {"blocks.0": {"hidden_states": split(1, 3)},
+    plan = {"x_embedder": {0: split(1, 3, output=True)},  # before the long skip takes its copy
             "blocks.*": {"rope": split(0, 3)},
             "proj_out": _ContextParallelOutput(gather_dim=1, expected_dims=3)}
     if whole_sequence_routing:

@@ -10,7 +10,8 @@ What makes it hard to integrate, at a size that runs on a CPU in a second:
 - a fused SwiGLU (the shared expert): one Linear whose output is chunked in two, `silu(gate) * up`;
 - chunked modulation: one Linear (`ada`) makes the six shift/scale/gate vectors of a block (`chunk(6)`);
 - per-head RMS norms on queries and keys called `q_norm` / `k_norm`, and a rotary module (`rope`) called twice in
-  each forward (row angles, then column angles).
+  each forward (row angles, then column angles);
+- a long skip: the embedded input is added to the output of the last block.
 """
 
 from __future__ import annotations
@@ -186,8 +187,10 @@ class TinyMoETransformer2DModel(ModelMixin, ConfigMixin):
         rows = torch.arange(grid_h, device=x.device).repeat_interleave(grid_w)
         cols = torch.arange(grid_w, device=x.device).repeat(grid_h)
         rope = torch.cat([self.rope(rows), self.rope(cols)], dim=1)  # [N, head_dim / 2, 2]
+        skip = x
         for block in self.blocks:
             x = block(x, temb, rope)
+        x = x + skip  # a long skip: the embedded input joins the output of the last block
         out = unpatchify(self.proj_out(self.norm_out(x)), grid_h, grid_w, patch)
         if not return_dict:
             return (out,)

@@ -129,6 +129,8 @@ class Traits:
     attention_norms: dict[str, str] = field(default_factory=dict)  # norm inside attention -> per head / across heads
     repeated_modules: dict[str, int] = field(default_factory=dict)  # module outside the blocks -> calls per forward
     output_types: dict[str, str] = field(default_factory=dict)  # transformer -> class of what it returned
+    long_skips: list[str] = field(default_factory=list)  # the first block's input added back after the blocks
+    outside_calls: list[str] = field(default_factory=list)  # block sub-modules run outside their block
     calls_per_step: dict[str, float | None] = field(default_factory=dict)  # transformer -> calls per step
 
 

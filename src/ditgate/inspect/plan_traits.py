@@ -22,6 +22,11 @@ def cache_lines(a: "Anatomy") -> list[str]:
                      "block i of the other): cache-dit runs the lists it is given one after the other, so give it "
                      f"one list of pairs: a PatchFunctor that builds `ModuleList(pair(first_i, second_i))` with "
                      "whatever the loop does between them, and a forward that loops over the pairs")
+    for note in t.outside_calls:
+        lines.append(f"- `{_short(note.split(' ', 1)[0])}` runs outside its block's forward "
+                     f"({note.split('(', 1)[-1].rstrip(')')}): code reads the block list outside the loop; cached "
+                     "blocks would not reproduce it, so a PatchFunctor must move that call out of the blocks (or "
+                     "keep it in the patched forward)")
     counted = {k: v for k, v in t.calls_per_step.items() if v is not None}
     if len(counted) > 1:
         lines.append("- calls per step by transformer: " + ", ".join(f"`{k}` {v:g}" for k, v in counted.items())
@@ -41,6 +46,10 @@ def cp_lines(a: "Anatomy") -> list[str]:
                      "under CP each rank would route its own slice. Sub-module form: gather the sequence before it "
                      "(`_ContextParallelOutput(gather_dim=1)` on the module whose output feeds it) and split its "
                      f"output again (`\"{module}\": {{0: _ContextParallelInput(split_dim=1, split_output=True)}}`)")
+    for note in t.long_skips:
+        lines.append(f"- long skip: {note.split(': ', 1)[-1]}: a split inside the first block leaves that residual "
+                     "whole; split before it (the embedder's output, split_output=True) so the residual is split "
+                     "too, or put the gather before the add")
     for module, calls in t.repeated_modules.items():
         lines.append(f"- `{_short(module)}` runs {calls} times per forward: `split_output=True` on it would split "
                      "every call's output; split only what feeds the split sequence (or split at the blocks)")

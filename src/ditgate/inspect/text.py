@@ -39,6 +39,8 @@ def _traits(a) -> list[str]:
     lines += [f"  ! CP hazard, routing over the whole sequence: {note}" for note in t.sequence_routing]
     lines += [f"  norm inside attention: {name} ({kind})" for name, kind in t.attention_norms.items()]
     lines += [f"  called {n} times per forward: {name}" for name, n in t.repeated_modules.items()]
+    lines += [f"  long skip: {note}" for note in t.long_skips]
+    lines += [f"  runs outside its block: {note}" for note in t.outside_calls]
     counted = {k: v for k, v in t.calls_per_step.items() if v is not None}
     if len(counted) > 1:
         lines.append("  calls per step: " + ", ".join(f"{k} {v:g}" for k, v in counted.items()))

@@ -34,6 +34,8 @@ _SORTS = {torch.topk: "topk", torch.Tensor.topk: "topk", torch.sort: "sort", tor
           torch.argsort: "argsort", torch.Tensor.argsort: "argsort", torch.kthvalue: "kthvalue",
           torch.Tensor.kthvalue: "kthvalue"}
 _SDPA = torch.nn.functional.scaled_dot_product_attention
+_ADDS = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.__iadd__,
+         torch.Tensor.add_}
 
 
 @dataclass
@@ -64,6 +66,8 @@ class TraceRecord:
     attention_norms: dict[str, str] = field(default_factory=dict)  # norm path -> "per head" | "across heads"
     repeated_modules: dict[str, int] = field(default_factory=dict)  # module path -> calls in one forward (> 1)
     output_type: str | None = None
+    long_skips: list[str] = field(default_factory=list)  # "add of block 0's input after `<list>.<i>`"
+    outside_calls: list[str] = field(default_factory=list)  # block sub-modules run outside their block's forward
     masks: dict[str, list[MaskCall]] = field(default_factory=dict)  # attention group -> masks of the first step
     calls: list[int] = field(default_factory=list)  # pipeline-wide call numbers of this transformer
 
@@ -116,6 +120,10 @@ class Trace:
         self._modules_stack: list[str] = []
         self._attention: list[str] = []
         self._counts: dict[str, int] = {}
+        self._entry: torch.Tensor | None = None  # hidden states entering the first block of the first call
+        self._inside = 0  # blocks currently running
+        self._last_block = ""  # the last block that ran in the first call
+        self._blocks: set[int] = set()  # ids of the blocks currently running
 
     def __enter__(self) -> "Trace":
         for name, module in self._modules.items():
@@ -149,7 +157,7 @@ class Trace:
             record.calls.append(self._calls)
             self._active.append(name)
             if len(record.calls) == 1:
-                self._first, self._counts = name, {}
+                self._first, self._counts, self._entry = name, {}, None
 
         def leave(module, args, kwargs, output):
             self._active.pop()
@@ -158,6 +166,7 @@ class Trace:
                 record.repeated_modules = {p: n for p, n in self._counts.items() if n > 1}
                 self._first = None
                 self._taint.clear()
+                self._entry = None
 
         self._hook(transformer, enter, leave)
         first_blocks = {id(blocks[0]): list_name for list_name, blocks in lists.items()}
@@ -170,6 +179,12 @@ class Trace:
                 self._hook(module, pre=self._counter(name, path))
             if id(module) in first_blocks:
                 self._hook(module, *self._block_hooks(name))
+            parts = path.split(".")
+            if inside and len(parts) == 2 and parts[1].isdigit():
+                self._hook(module, *self._any_block_hooks(name, path))
+            elif inside and len(parts) > 2:
+                self._hook(module, pre=self._outside_hook(record, ".".join(parts[:2]), module_path=path,
+                                                          block=transformer.get_submodule(".".join(parts[:2]))))
             if is_attention_module(module):
                 group = _group(path, lists)
                 self._hook(module, *self._attention_hooks(group))
@@ -197,6 +212,28 @@ class Trace:
                 self._seq.pop()
             self._taint.clear()  # block 0 of a list is over: nothing later is followed
         return pre, post
+
+    def _any_block_hooks(self, name: str, path: str):
+        def pre(module, args, kwargs):
+            self._blocks.add(id(module))
+            self._inside += 1
+            if self._first == name and self._entry is None:
+                hidden = kwargs.get("hidden_states", args[0] if args else None)
+                self._entry = hidden if isinstance(hidden, torch.Tensor) else None
+
+        def post(module, args, kwargs, output):
+            self._blocks.discard(id(module))
+            self._inside -= 1
+            self._last_block = path
+        return pre, post
+
+    def _outside_hook(self, record: TraceRecord, block_path: str, module_path: str, block):
+        def pre(module, args, kwargs):
+            if self._first == record.name and id(block) not in self._blocks:
+                note = f"{module_path} (called while {block_path} is not running)"
+                if note not in record.outside_calls:
+                    record.outside_calls.append(note)
+        return pre
 
     def _stack_hooks(self, group: str):
         def pre(module, args, kwargs):
@@ -250,6 +287,11 @@ class Trace:
         if self._first is None:
             return
         record = self.records[self._first]
+        if func in _ADDS and self._entry is not None and not self._inside and self._last_block and any(
+                a is self._entry for a in args):
+            note = f"the first block's input is added to the stream after `{self._last_block}`"
+            if note not in record.long_skips:
+                record.long_skips.append(note)
         if func in _SORTS and self._seq and self._seq[-1] > 1 and args and isinstance(args[0], torch.Tensor):
             dim = _dim(func, args, kwargs)
             x = args[0]

@@ -124,6 +124,8 @@ def analyse_traits(transformers: dict, probe, trace, lists: list, sequence_token
         traits.attention_norms.update({f"{t_name}.{k}": v for k, v in tr.attention_norms.items()})
         traits.repeated_modules.update({f"{t_name}.{k}": v for k, v in tr.repeated_modules.items()})
         traits.output_types[t_name] = tr.output_type or "not called"
+        traits.long_skips += [f"{t_name}: {note}" for note in tr.long_skips]
+        traits.outside_calls += [f"{t_name}.{note}" for note in tr.outside_calls]
         traits.masks.update({f"{t_name}.{g}": [vars(c) for c in calls] for g, calls in tr.masks.items()})
         traits.calls_per_step[t_name] = _calls_per_step(tr.calls, probe.step_calls)
         for b in t_lists:
