@@ -16,3 +16,68 @@ def test_run_json_stdout_is_only_json(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)  # the whole of stdout is one JSON document
     assert report["passed"] and "[Cache-DiT]" in done.stderr
+
+
+def test_a_gate_that_cannot_discriminate_never_passes(run_cli, zoo_path, tmp_path):
+    """Planted fault: a transformer whose output layer is zero outputs zeros, so every row matches the baseline
+    at max-abs 0. The sensitivity row shows the gate passes an output perturbed far outside it, and the row fails."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "flux-zero"
+    shutil.copytree(zoo_path("zoo:flux"), model)
+    weights = model / "transformer" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(weights)
+    for name in ("proj_out.weight", "proj_out.bias"):
+        tensors[name].zero_()
+    save_file(tensors, weights)
+    code, out, err = run_cli("run", model, "--rows", "cache", "--out", tmp_path / "run", "--json")
+    assert code == 1, err[-3000:]
+    cache = {r["name"]: r for r in json.loads(out)["rows"]}["cache"]
+    assert cache["status"] == "failed" and cache["verdict"]["discriminates"]["passed"] is False
+    assert any("cannot discriminate" in reason for reason in cache["reasons"]), cache["reasons"]
+    assert cache["metrics"]["max_abs"] == 0  # the fault shows: the cached output equals the baseline exactly
+
+
+def test_rows_against_a_failed_baseline_are_not_launched(run_cli, tmp_path):
+    """A baseline that fails leaves nothing to compare with: the rows that compare with it are not run (not even
+    launched), and say why."""
+    rows = tmp_path / "rows.yaml"
+    rows.write_text("- {name: base-bad, baseline: null, cache: {Fn_compute_blocks: 1, not_a_field: 3}}\n"
+                    "- {name: cp, phase: cp, baseline: base-bad, parallel: {ulysses_size: 2}}\n")
+    code, out, err = run_cli("run", "zoo:flux", "--rows-file", rows, "--out", tmp_path / "run", "--json")
+    assert code == 1, err[-3000:]
+    by_name = {r["name"]: r for r in json.loads(out)["rows"]}
+    assert by_name["base-bad"]["status"] == "error"
+    assert "baseline row 'base-bad' failed" in by_name["cp"]["reasons"][0]
+    assert not (tmp_path / "run" / "groups").exists()  # no worker group was started
+
+
+def test_hints_name_the_component_that_failed():
+    from ditgate.run.hints import HINTS, hint_for
+
+    assert hint_for("tep", "ValueError: no TP planner for FluxTransformer2DModel") == HINTS["tp"]
+    assert hint_for("tep", "no text-encoder planner for T5EncoderModel") == HINTS["tep"]
+    assert hint_for("vaep", "AutoencoderKL has no VAE planner") == HINTS["vaep"]
+    assert hint_for("cp", "rank 1 was killed by SIGKILL in row 'x' at stage 'generate'") == ""
+    assert hint_for("cp", "not run: 3 ranks", {"preflight": True}) == ""
+
+
+def test_speedups_above_their_ideal_or_without_warm_up_are_marked():
+    from types import SimpleNamespace
+
+    from ditgate.run import rows
+    from ditgate.run.predict import caveats
+
+    row = rows.Row("cache", "cache", cache=rows.DEFAULT_CACHE)
+    result = {"facts": {"transformer_calls": 28, "cache": [{"cached_steps": list(range(13))}]}}  # ideal 28/15
+    gpu_warm = SimpleNamespace(warmup=1, device="cuda")
+    assert caveats(row, result, 1.80, gpu_warm) == []
+    above = caveats(row, result, 2.83, gpu_warm)  # the H200's cold-baseline number
+    assert len(above) == 1 and above[0].startswith("not meaningful") and "1.87x" in above[0]
+    assert any("without warm-up" in c for c in caveats(row, result, 1.5, SimpleNamespace(warmup=0, device="cuda")))
+    hybrid = rows.Row("h", "hybrid", parallel={"ulysses_size": 2, "tp_size": 2})
+    cpu = caveats(hybrid, {"facts": {"transformer_calls": 8}}, 1.1, SimpleNamespace(warmup=1, device="cpu"))
+    assert any("oversubscribed" in c for c in cpu) == (4 > len(__import__("os").sched_getaffinity(0)))
+    assert caveats(rows.BASELINE, result, 1.0, gpu_warm) == []

@@ -15,3 +15,23 @@ HINTS = {
     "quantization": "check which layers cache-dit quantized (QuantizeConfig verbose=True) and exclude sensitive "
                     "ones (exclude_layers)",
 }
+
+_COMPONENT_WORDS = {  # words in an error that name the component it came from, and the phase whose hint applies
+    "tep": ("text_encoder", "textencoder", "t5encoder", "clip", "umt5", "qwen2_5_vl", "text-encoder"),
+    "vaep": ("vae", "autoencoder", "decoder"),
+}
+
+
+def hint_for(phase: str | None, message: str, error: dict | None = None) -> str:
+    """The hint that applies to this failure, or "": none for a row refused before it ran or a rank that died
+    outside Python (a signal: the memory killer or a native crash, where no plan is at fault), and for TE-P / VAE-P
+    rows the hint of the component the error names (a transformer without a TP planner is told about TP)."""
+    error = error or {}
+    if not phase or error.get("preflight") or " was killed by SIG" in message:
+        return ""
+    if phase in ("tep", "vaep"):
+        lowered = message.lower()
+        named = [p for p, words in _COMPONENT_WORDS.items() if any(w in lowered for w in words)]
+        if phase not in named:
+            return HINTS["tp"] if "transformer" in lowered or not named else HINTS[named[0]]
+    return HINTS.get(phase, "")

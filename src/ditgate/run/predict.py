@@ -102,3 +102,31 @@ def flops_summary(profile) -> dict[str, Any] | None:
             "forward_flops": total, "attention_share": profile.flops("attention") / total if total else 0.0,
             "gemm_share": profile.flops("gemm") / total if total else 0.0,
             "cp_share": profile.shares()["cp"], "tp_share": profile.shares()["tp"]}
+
+
+def caveats(row: Row, result: dict[str, Any] | None, speedup: float | None, cfg) -> list[str]:
+    """Why a measured speedup should not be read as a headline number (empty: nothing to say). A speedup above its
+    ideal (the schedule's calls over computed calls, times the ranks) is not meaningful: the baseline was timed cold,
+    or the timing is noise. Speedups measured without warm-up, or with more threads than the CPU has cores, are
+    marked too."""
+    if speedup is None or row.phase is None:
+        return []
+    notes = []
+    facts = (result or {}).get("facts") or {}
+    calls = facts.get("transformer_calls") or 0
+    cached = _cached_calls(facts) if row.cache else 0
+    if calls > cached and not (row.compile or row.quantize):
+        ideal = calls / (calls - cached) * row.cp_size * row.tp_size
+        if speedup > ideal * 1.02:
+            notes.append(f"not meaningful: {speedup:.2f}x is above its ideal {ideal:.2f}x (a cold baseline or noise)")
+    if not getattr(cfg, "warmup", 0):
+        notes.append("measured without warm-up: the first call pays one-off costs (pass --warmup 1)")
+    if str(getattr(cfg, "device", "cpu")).startswith("cpu") and row.world_size > 1:
+        import os
+
+        threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if row.world_size * threads > cores:
+            notes.append(f"measured on an oversubscribed CPU: {row.world_size} ranks x {threads} thread(s) on "
+                         f"{cores} core(s)")
+    return notes

@@ -29,7 +29,7 @@ def _status(state) -> str:
     return "passed" if state.passed else "failed"
 
 
-def _row_record(state, base, profile) -> dict[str, Any]:
+def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
     from ditgate.run import predict
 
     result = state.result or {}
@@ -50,6 +50,8 @@ def _row_record(state, base, profile) -> dict[str, Any]:
         "latency_s": latency,
         "times": result.get("times"),
         "speedup": (baseline_latency / latency) if latency and baseline_latency else None,
+        "speedup_caveats": predict.caveats(state.row, result, (baseline_latency / latency) if latency and
+                                           baseline_latency else None, cfg),
         "prediction": predict.predict(state.row, result, base.result if base else None, profile),
         "peak_memory_bytes": (result.get("peak_memory") or {}).get("bytes"),
         "peak_memory_kind": (result.get("peak_memory") or {}).get("kind"),
@@ -88,7 +90,7 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
     from ditgate.run import predict
 
     base = next((s for s in states if s.row.name == "baseline"), None)
-    rows = [_row_record(s, base, profile) for s in states]
+    rows = [_row_record(s, base, profile, cfg) for s in states]
     run_info = json.loads((run_dir / "run.json").read_text())
     return {
         "ditgate": __version__,
@@ -105,7 +107,26 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
         "prediction_note": profile_note,
         "time": time_summary(rows, wall_s, getattr(cfg, "launch", None)),
         "rows": rows,
+        "produced_size": produced_size(run_dir, rows),
     }
+
+
+def produced_size(run_dir: Path, rows: list[dict[str, Any]]) -> str | None:
+    """The size the first finished row's output really has (the pipeline may round a requested size): frames x
+    height x width, or the audio's length; None when no row produced an output."""
+    for r in rows:
+        path = store.row_dir(run_dir, r["name"]) / "output.npy"
+        if r["status"] == "error" or not path.is_file():
+            continue
+        try:
+            shape = np.load(path, mmap_mode="r").shape
+        except (OSError, ValueError):
+            continue
+        if r.get("modality") == "audio" and r.get("sample_rate") and len(shape) == 2:
+            return f"{shape[1] / r['sample_rate']:.2f} s of audio"
+        if r.get("modality") in ("image", "video") and len(shape) in (3, 4):
+            return "x".join(str(n) for n in shape[:-1])
+    return None
 
 
 def validate(report: dict[str, Any]) -> None:
@@ -126,6 +147,12 @@ def fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
+def _size_line(requested: str, produced: str | None) -> str:
+    if not produced or produced == requested:
+        return requested or "pipeline default"
+    return f"{produced} produced ({'requested ' + requested if requested else 'the pipeline default'})"
+
+
 def size_text(call: dict[str, Any]) -> str:
     """The output size a pipeline call asks for: frames x height x width, or the audio span ("" when unset)."""
     size = "x".join(str(call[k]) for k in ("num_frames", "height", "width") if k in call)
@@ -141,7 +168,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"# ditgate run: {report['model']}",
         "",
         f"- verdict: **{'PASS' if report['passed'] else 'FAIL'}**",
-        f"- size {size or 'pipeline default'}, {call.get('num_inference_steps', '?')} steps, seed "
+        f"- size {_size_line(size, report.get('produced_size'))}, {call.get('num_inference_steps', '?')} steps, "
+        f"seed "
         f"{report['request']['seed']}, {report['dtype']} on {report['device']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         f"- wall time {fmt(report.get('wall_s'), '.1f')} s",
@@ -157,6 +185,8 @@ def markdown(report: dict[str, Any]) -> str:
         mem = r["peak_memory_bytes"] / 2**20 if r["peak_memory_bytes"] else None
         prediction = r.get("prediction") or {}
         far = " (far below)" if prediction.get("far_below") else ""
+        far += " (not meaningful)" if any(c.startswith("not meaningful") for c in r.get("speedup_caveats") or []) \
+            else ""
         lines.append(
             f"| {r['name']} | {r['phase'] or 'reference'} | {r['world_size']} | {fmt(r['latency_s'], '.3f')} | "
             f"{fmt(r['speedup'], '.2f')}{far} | {fmt(prediction.get('predicted'), '.2f')} | {fmt(psnr, '.2f')} | "
@@ -174,6 +204,10 @@ def markdown(report: dict[str, Any]) -> str:
     if proofs:
         lines += ["", "## What each feature did", ""]
         lines += [f"- {name} / {p['feature']}: {'ok' if p['passed'] else 'FAILED'} — {p['detail']}" for name, p in proofs]
+    careful = [r for r in report["rows"] if r.get("speedup_caveats")]
+    if careful:
+        lines += ["", "## Speedups to read with care", ""]
+        lines += [f"- {r['name']}: " + "; ".join(r["speedup_caveats"]) for r in careful]
     slow = [r for r in report["rows"] if (r.get("prediction") or {}).get("far_below")]
     if slow:
         from ditgate.run.predict import FAR_BELOW

@@ -110,7 +110,11 @@ DEFAULT_ROWS: tuple[Row, ...] = (
 CALIBRATION = Row("calibration", perturb="unit_roundoff",
                   description="the baseline again, every transformer output perturbed by one rounding error: the "
                               "audio noise floor")
-REFERENCE_ROWS = {r.name: r for r in (BASELINE, BASELINE_TILED, CALIBRATION)}
+# Whether the gates can discriminate at all (ditgate.run.discrimination): the runner adds it when a row is gated.
+SENSITIVITY = Row("sensitivity", perturb=10.0,
+                  description="the baseline with every transformer output multiplied by (1 + 10 z): far outside every "
+                              "gate unless the output does not depend on the transformer")
+REFERENCE_ROWS = {r.name: r for r in (BASELINE, BASELINE_TILED, CALIBRATION, SENSITIVITY)}
 
 
 # What each phase needs configured: a row of that phase without it would compare the baseline with itself.

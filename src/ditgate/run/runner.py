@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ditgate.run import store
-from ditgate.run.hints import HINTS
+from ditgate.run.hints import hint_for
 from ditgate.core.errors import DitgateError
 from ditgate.core.request import Request
 from ditgate.run.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
@@ -150,16 +150,42 @@ class Runner:
                 continue
             pending.append(row)
         for row in [r for r in pending if r.world_size == 1]:
-            self._run_in_process(row)
+            if not self._reference_failed(row):
+                self._run_in_process(row)
         if self.cfg.device.startswith("cuda"):
             self._release()  # the groups' ranks need the GPU memory
+        pending = [r for r in pending if r.world_size == 1 or not self._reference_failed(r)]
         for size in sorted({r.world_size for r in pending if r.world_size > 1}):
             group = [r for r in pending if r.world_size == size]
             for rows in ([[r] for r in group] if self.cfg.launch == "per-row" else [group]):
                 self._run_group(rows, size)
         self._calibrate()
+        self._sensitivity()
         self._release()
         return self.finish()
+
+    def _reference_failed(self, row: Row) -> bool:
+        """True (and the row recorded as not run) when the row it compares with ended in an error: nothing runs
+        against a missing reference."""
+        base = self.states.get(row.baseline) if row.baseline else None
+        if base is None or not base.result or base.result.get("status") != "error":
+            return False
+        self._error(row, f"not run: its baseline row {row.baseline!r} failed, so there is nothing to compare with",
+                    preflight=True)
+        return True
+
+    def _sensitivity(self) -> None:
+        """Run the sensitivity row when a gated row ran (see ditgate.run.discrimination)."""
+        from ditgate.run.rows import SENSITIVITY
+
+        if SENSITIVITY.name in self.states or not any(s.ran and s.row.phase for s in self.states.values()):
+            return
+        self.states[SENSITIVITY.name] = RowState(SENSITIVITY)
+        done = _done(self.run_dir, SENSITIVITY, self.cfg.resume)
+        if done:
+            self._record(self.states[SENSITIVITY.name], done | {"resumed": True})
+        else:
+            self._run_in_process(SENSITIVITY)
 
     def _pristine_pipeline(self):
         """The pipeline loaded once in this process; None with launch="per-row"."""
@@ -288,19 +314,23 @@ class Runner:
             from ditgate.run.predict import profile_for
 
             self.profile, note = profile_for(self.model_path, self.cfg.request, self.cfg.dtype)
-        return report.write(self.run_dir, self.cfg, list(self.states.values()),
+        from ditgate.run.rows import SENSITIVITY
+
+        shown = [s for s in self.states.values() if s.row.name != SENSITIVITY.name]  # it lives in the verdicts
+        return report.write(self.run_dir, self.cfg, shown,
                             wall_s=round(time.perf_counter() - self._start, 2), profile=self.profile,
                             profile_note=note)
 
     def _judge(self, state: RowState) -> None:
-        from ditgate.run import proofs
         from ditgate.gates.verdicts import evaluate, json_ready
+        from ditgate.run import discrimination, proofs
+        from ditgate.run.rows import SENSITIVITY
 
         row = state.row
         if row.phase is None or not state.ran:
             if state.result and state.result.get("status") == "error":
                 error = state.result["error"]
-                hint = "" if error.get("preflight") else HINTS.get(row.phase or "", "")
+                hint = hint_for(row.phase, error.get("message", ""), error)
                 state.reasons.append(error["message"] + (f" — {hint}" if hint else ""))
             return
         base = self.states.get(row.baseline)
@@ -318,6 +348,8 @@ class Runner:
                            gates=self._gates())
         state.verdict = verdict.to_dict() | ({"floor": json_ready(audio)} if audio else {})
         state.reasons.extend(verdict.reasons)
+        discrimination.judge(state, base.row.name, self.states.get(SENSITIVITY.name), load, modality,
+                             dtype=self.cfg.dtype, floor=audio.get("used"), gates=self._gates())
         from ditgate.run.judge import judge_also
 
         judge_also(state, self.states, load, modality, dtype=self.cfg.dtype, floor=audio.get("used"),

@@ -24,10 +24,18 @@ import numpy as np
 RESULT = "result.json"
 
 
+def _usual_mode(fd: int) -> None:
+    """mkstemp makes a file only its owner can read; give it the mode a plain open() would (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        _usual_mode(fd)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, path)
@@ -56,6 +64,7 @@ def write_array(path: Path, array: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".npy", dir=path.parent)
     try:
+        _usual_mode(fd)
         with os.fdopen(fd, "wb") as handle:
             np.save(handle, array)
         os.replace(tmp, path)
