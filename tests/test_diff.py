@@ -95,3 +95,22 @@ def test_diff_cli_user_errors(run_cli):
     assert code == 2 and "reference row" in err
     code, _, err = run_cli("diff", "zoo:flux", "--row", "no-such-row")
     assert code == 2 and "unknown row" in err
+
+
+def test_summaries_tell_one_changed_element_apart():
+    """The summary pass sees a one-element change: the digest changes, and the sampled error does when sampled."""
+    import torch
+
+    from ditgate.run.divergence import SAMPLES, compare_summaries, sample_indices, summarize
+
+    base = torch.randn(4, 300, dtype=torch.bfloat16)
+    index = int(sample_indices(base.numel(), "cpu")[0])
+    cand = base.clone()
+    cand.view(-1)[index] += 1.0
+    a, b = summarize(base), summarize(cand)
+    assert summarize(base.clone())["hash"] == a["hash"] != b["hash"]
+    assert len(a["samples"]) == SAMPLES
+    same, changed = compare_summaries({"m": a}, {"m": summarize(base.clone())}, 0.05), compare_summaries(
+        {"m": a}, {"m": b}, 0.05)
+    assert same[0]["status"] == "identical" and not same[0]["diverged"]
+    assert changed[0]["status"] == "differs" and changed[0]["diverged"] and changed[0]["max_abs"] >= 0.9
