@@ -81,3 +81,15 @@ def test_speedups_above_their_ideal_or_without_warm_up_are_marked():
     cpu = caveats(hybrid, {"facts": {"transformer_calls": 8}}, 1.1, SimpleNamespace(warmup=1, device="cpu"))
     assert any("oversubscribed" in c for c in cpu) == (4 > len(__import__("os").sched_getaffinity(0)))
     assert caveats(rows.BASELINE, result, 1.0, gpu_warm) == []
+
+
+def test_the_cache_row_checks_the_adapter_with_caching_off(run_cli, tmp_path):
+    """Planted fault: a patch functor that scales every double block's output. Caching off, the adapter's latents
+    must match the baseline's by the tensor rule; here they do not, and the cache row fails naming the adapter."""
+    plugin = Path(__file__).parent / "plugins" / "flux_functor_changes_model.py"
+    code, out, err = run_cli("run", "zoo:flux", "--rows", "cache", "--out", tmp_path / "run", "--json",
+                             "--integration", plugin)
+    assert code == 1, err[-3000:]
+    cache = {r["name"]: r for r in json.loads(out)["rows"]}["cache"]
+    assert cache["verdict"]["cache_off"]["passed"] is False and cache["verdict"]["cache_off"]["max_abs"] > 1e-4
+    assert any("caching off" in reason and "patch functor" in reason for reason in cache["reasons"])

@@ -161,6 +161,7 @@ class Runner:
                 self._run_group(rows, size)
         self._calibrate()
         self._sensitivity()
+        self._cache_off()
         self._release()
         return self.finish()
 
@@ -173,6 +174,17 @@ class Runner:
         self._error(row, f"not run: its baseline row {row.baseline!r} failed, so there is nothing to compare with",
                     preflight=True)
         return True
+
+    def _cache_off(self) -> None:
+        """The caching-off twin of every single-process cache row that ran (see ditgate.run.cache_off)."""
+        from ditgate.run.cache_off import twin
+
+        for state in [s for s in self.states.values() if s.ran]:
+            row = twin(state.row, self.cfg.request.steps)
+            if row is not None and row.name not in self.states:
+                self.states[row.name] = RowState(row)
+                done = _done(self.run_dir, row, self.cfg.resume)
+                self._record(self.states[row.name], done | {"resumed": True}) if done else self._run_in_process(row)
 
     def _sensitivity(self) -> None:
         """Run the sensitivity row when a gated row ran (see ditgate.run.discrimination)."""
@@ -316,14 +328,15 @@ class Runner:
             self.profile, note = profile_for(self.model_path, self.cfg.request, self.cfg.dtype)
         from ditgate.run.rows import SENSITIVITY
 
-        shown = [s for s in self.states.values() if s.row.name != SENSITIVITY.name]  # it lives in the verdicts
+        shown = [s for s in self.states.values()  # these two live in the verdicts
+                 if s.row.name != SENSITIVITY.name and not s.row.name.endswith("-cache-off")]
         return report.write(self.run_dir, self.cfg, shown,
                             wall_s=round(time.perf_counter() - self._start, 2), profile=self.profile,
                             profile_note=note)
 
     def _judge(self, state: RowState) -> None:
         from ditgate.gates.verdicts import evaluate, json_ready
-        from ditgate.run import discrimination, proofs
+        from ditgate.run import cache_off, discrimination, proofs
         from ditgate.run.rows import SENSITIVITY
 
         row = state.row
@@ -348,6 +361,8 @@ class Runner:
                            gates=self._gates())
         state.verdict = verdict.to_dict() | ({"floor": json_ready(audio)} if audio else {})
         state.reasons.extend(verdict.reasons)
+        cache_off.judge(state, base.row.name, self.states.get(row.name + cache_off.SUFFIX), load, self.cfg.dtype,
+                        self._gates())
         discrimination.judge(state, base.row.name, self.states.get(SENSITIVITY.name), load, modality,
                              dtype=self.cfg.dtype, floor=audio.get("used"), gates=self._gates())
         from ditgate.run.judge import judge_also
