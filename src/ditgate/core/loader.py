@@ -2,7 +2,9 @@
 
 The pipeline class comes from, in order: an explicit `pipeline="module:Class"`; the `_class_name` that
 `model_index.json` names (a diffusers class, or a `[module, Class]` pair from an importable third-party package).
-Code shipped inside the model folder runs only with `trust_remote_code=True`. A package that `model_index.json`
+Code shipped inside the model folder runs only with `trust_remote_code=True`. A diffusers `ModularPipeline` (a
+folder with `modular_model_index.json`, or `--pipeline` naming a ModularPipeline class, or `--pipeline modular`)
+is loaded by `ditgate.core.modular` instead. A package that `model_index.json`
 names and that ships in the repository's `examples/` folder (zoo:tinymm's `tinymm`) is put on `sys.path` first
 (`ditgate.core.examples`); that is ditgate's own code, not code from the model folder.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ditgate import zoo
+from ditgate.core import modular
 from ditgate.core.examples import ensure_packages
 from ditgate.core.errors import DitgateError, ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
 
@@ -34,9 +37,9 @@ def resolve(model: str | os.PathLike) -> Path:
     if not path.exists():
         raise ModelNotFoundError(f"model path {str(path)!r} does not exist (a zoo model is written zoo:NAME; "
                                  f"known: {', '.join(zoo.names())})")
-    if not (path / "model_index.json").is_file():
-        raise NotAPipelineError(f"{path} has no model_index.json: give the folder of a whole diffusers pipeline "
-                                "(the one save_pretrained writes), not a single component")
+    if not (path / "model_index.json").is_file() and not modular.is_modular_folder(path):
+        raise NotAPipelineError(f"{path} has no model_index.json (nor {modular.MODULAR_INDEX}): give the folder of "
+                                "a whole diffusers pipeline (the one save_pretrained writes), not a single component")
     return path
 
 
@@ -219,6 +222,10 @@ def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = 
     check_device(device)
     dtype = torch_dtype(dtype)
     path = resolve(model)
+    if modular.wants_modular(path, pipeline):
+        with _offline():
+            return modular.load(path, torch_dtype(dtype), device, pipeline=pipeline,
+                                trust_remote_code=trust_remote_code)
     index = read_index(path)
     ensure_packages(index)  # zoo:tinymm's package lives in the repository's examples/ folder
     remote = _remote_files(path, index)

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 
 from ditgate.run import audio
+from ditgate.run import modular as modular_rows
+from ditgate.core import modular
 from ditgate.core import request as request_mod
 from ditgate.gates.calibration import OutputNoise
 from ditgate.core.errors import DitgateError
@@ -159,13 +161,19 @@ def apply(row: Row, pipe, integration: Integration | None, request: Request):
     target = None
     if row.cache or row.parallel or row.quantize:
         target = pipe
-        if integration is not None and integration.block_adapter is not None:
-            target = integration.block_adapter(pipe)
         cc, calibrator = cache_config(row, request.steps) if row.cache else (None, None)
+        if modular.is_modular_class(type(pipe)):  # cache-dit takes a BlockAdapter, never the modular pipeline
+            target = modular_rows.block_adapter(pipe, integration, for_cache=bool(row.cache))
+            if cc is not None:
+                modular_rows.pin_separate_cfg(target, cc)
+        elif integration is not None and integration.block_adapter is not None:
+            target = integration.block_adapter(pipe)
         pc = parallelism_config(row) if row.parallel else None
         qc = quantize_config(row) if row.quantize else None
         cache_dit.enable_cache(target, cache_config=cc, calibrator_config=calibrator, parallelism_config=pc,
                                quantize_config=qc)
+        if modular.is_modular_class(type(pipe)):
+            modular_rows.keep_forward_signatures(pipe)
     if row.compile:
         compile_transformers(pipe, row.compile_options)
     return target
@@ -197,7 +205,9 @@ def _decoded(out) -> tuple[np.ndarray, str]:
     raise DitgateError(f"pipeline output {type(out).__name__} has no images, frames or audios")
 
 
-def generate(pipe, request: Request, probes: Probes):
+def generate(pipe, request: Request, probes: Probes, target=None):
+    if modular.is_modular_class(type(pipe)):
+        return modular_rows.generate(pipe, request, probes, target)
     kwargs = request_mod.call_kwargs(pipe, request)
     params = inspect.signature(type(pipe).__call__).parameters
     if "callback_on_step_end" in params:
@@ -274,7 +284,7 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
                 if i == warmup:
                     torch.cuda.reset_peak_memory_stats(device)
             start = time.perf_counter()
-            out = generate(pipe, request, probes)
+            out = generate(pipe, request, probes, target)
             if device.startswith("cuda"):
                 torch.cuda.synchronize(device)
             took = time.perf_counter() - start
@@ -285,6 +295,8 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
         facts = probes.facts(request.steps)
         facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else None
         facts["cache"] = _cache_stats(target) if row.cache else None
+        if modular.is_modular_class(type(pipe)):
+            facts["modular"] = modular_rows.row_facts(pipe, target if row.cache else None)
         facts["sharded"] = {name: sharded_weights(m) for name, m in _components(pipe).items()} if row.parallel else {}
         if row.quantize:  # what run.proofs checks: the feature left a trace
             facts["quantized"] = {name: quantized_weights(m) for name, m in transformers_of(pipe).items()}

@@ -57,6 +57,21 @@ def split_dim(key: str, declared: dict[str, Any] | None) -> tuple[int | None, bo
     return 1, False
 
 
+def _cache_cfg(facts: dict[str, Any]) -> Proof | None:
+    """A modular pipeline's guider decides the transformer calls per step; cache-dit must count steps the same way."""
+    separate = (facts.get("modular") or {}).get("separate_cfg")
+    calls = facts.get("calls_per_step")
+    if separate is None or calls is None:
+        return None
+    expected = 2 if separate else 1
+    text = (f"cache-dit counted steps with has_separate_cfg={separate} ({expected} transformer call(s) per step); "
+            f"the pipeline made {calls:g} per step")
+    if calls != expected:
+        return Proof("cache-cfg", False, text + ": set has_separate_cfg on the BlockAdapter to "
+                     f"{calls > 1} (the guider decides; references/modular_pipeline.md)")
+    return Proof("cache-cfg", True, text)
+
+
 def _cp(row: Row, facts: dict[str, Any], base: dict[str, Any], base_row: Row) -> Proof:
     got, ref = facts.get("block_shapes"), base.get("block_shapes")
     if not got or not ref:  # a result stored before block shapes were recorded
@@ -138,6 +153,9 @@ def check(row: Row, facts: dict[str, Any], base_row: Row, base_facts: dict[str, 
     parallel = row.parallel or {}
     if row.cache is not None:
         proofs.append(_cache(facts))
+        cfg = _cache_cfg(facts)
+        if cfg is not None:
+            proofs.append(cfg)
     if row.cp_size > 1:
         proofs.append(_cp(row, facts, base_facts, base_row))
     if row.tp_size > 1:

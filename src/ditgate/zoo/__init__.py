@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ditgate.core.errors import DitgateError, UnknownZooModelError
-from ditgate.zoo import builders
+from ditgate.zoo import builders, modular_builders
 
 ZOO_PREFIX = "zoo:"
 ZOO_FORMAT = 2  # bump when a builder changes, so cached folders are rebuilt
@@ -65,6 +65,13 @@ ZOO: dict[str, ZooModel] = {
                  builders.build_stable_audio,
                  {"prompt": "a tiny drum loop", "audio_end_in_s": 0.25, "num_inference_steps": 8,
                   "guidance_scale": 7.0}),
+        # A diffusers ModularPipeline with no standard pipeline class (ditgate.zoo.modular_builders).
+        ZooModel("flux3", "Flux3ModularPipeline", "image",
+                 "FLUX.3 layout (modular only): 1 per-mode + 2 joint blocks, 4 heads; Qwen3-VL text encoder, Qwen3.5 "
+                 "prompt upsampler; CFG guider (2 calls per step); 64x64 -> 256 image + 80 text tokens",
+                 modular_builders.build_flux3,
+                 {"prompt": "a tiny red cube on a table", "height": 64, "width": 64, "num_inference_steps": 8,
+                  "max_new_tokens": 8, "text_encoder_out_layers": list(modular_builders.FLUX3_TEXT_LAYERS)}),
         # Not from diffusers: the code is the `tinymm` package in the repository's examples/ (ditgate.core.examples).
         ZooModel("tinymm", "TinyMMPipeline", "image",
                  "not in diffusers (examples/tinymm): 4 joint blocks, 4 query / 2 KV heads, 2-D RoPE, text padding "
@@ -124,7 +131,11 @@ def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.building.", dir=parent))
     try:
-        model.build(seed).save_pretrained(staging, safe_serialization=True)
+        pipe = model.build(seed)
+        if _is_modular(pipe):  # its index then points at the folder the components are saved in
+            pipe.save_pretrained(str(staging), safe_serialization=True, overwrite_modular_index=True)
+        else:
+            pipe.save_pretrained(staging, safe_serialization=True)
         _check_complete(staging)
         meta = {"zoo": model.name, "seed": seed, "modality": model.modality, "call": model.call,
                 "vae_tiling": model.vae_tiling, "format": ZOO_FORMAT}
@@ -133,6 +144,16 @@ def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return staging
+
+
+def _is_modular(pipe) -> bool:
+    from diffusers import ModularPipeline
+
+    return isinstance(pipe, ModularPipeline)
+
+
+def _has_index(folder: Path) -> bool:
+    return (folder / "model_index.json").is_file() or (folder / "modular_model_index.json").is_file()
 
 
 def _check_complete(folder: Path) -> None:
@@ -182,11 +203,11 @@ def materialize(spec: str, seed: int = 0) -> Path:
     """Folder of zoo model `spec` in the cache, built on first use (safe when several processes race)."""
     model = get(spec)
     target = cache_root() / f"{model.name}-{_fingerprint(model, seed)}"
-    if (target / "model_index.json").is_file():
+    if _has_index(target):
         return target
     if _distributed_rank() != 0:  # rank 0 builds; the others wait for its folder
         deadline = time.monotonic() + 600
-        while not (target / "model_index.json").is_file():
+        while not _has_index(target):
             if time.monotonic() > deadline:
                 raise DitgateError(f"rank {_distributed_rank()} waited 600 s for rank 0 to build {target}")
             time.sleep(0.5)
@@ -196,7 +217,7 @@ def materialize(spec: str, seed: int = 0) -> Path:
         staging.rename(target)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)  # another process published the same build first
-        if not (target / "model_index.json").is_file():
+        if not _has_index(target):
             raise
     return target
 

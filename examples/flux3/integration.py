@@ -1,0 +1,52 @@
+"""FLUX.3's cache-dit integration (a diffusers ModularPipeline), as a ditgate plugin file.
+
+    ditgate run zoo:flux3 --integration examples/flux3/integration.py --rows baseline,cache,cp-ulysses-2
+
+cache-dit 1.5.3 registers nothing for `Flux3Transformer2DModel`: its name starts with the registered prefix `Flux`,
+and the FLUX.1 adapter refuses it ("not in allowed classes"); there is no CP or TP planner under its name.
+
+Cache (`block_adapter`). The joint `single_transformer_blocks` carry the bulk of the compute; each block takes
+`(hidden_states, encoder_hidden_states, ...)` and returns `(encoder_hidden_states, hidden_states)`: Pattern_1. The
+per-mode blocks (`mode_blocks["image"]`, `mode_blocks["image_cond"]`) sit in an `nn.ModuleDict`, which cache-dit
+cannot swap, and `txt_mode_blocks` only carries the cheap text stream, so both run every step. The adapter is built
+on the modular pipeline itself (pipeline level): cache-dit resets the cache context on every call. The guider
+(`ClassifierFreeGuidance`, guidance on for the whole schedule) calls the transformer twice per step, once per
+condition: `has_separate_cfg=True`.
+
+Context parallelism (`cp_plan`). The image tokens, the text tokens and their position ids (`img_ids`, `txt_ids`,
+one row of 4 per token) are split at the transformer's entry; RoPE and the per-token timestep modulation are then
+computed for each rank's own tokens. Attention (`Flux3AttnProcessor`) goes through diffusers' dispatcher with the
+parallel config cache-dit sets, so Ulysses' all-to-all gathers the whole sequence of each mode block's stream and of
+the joint blocks; no mask is involved, so the order in which the ranks' text and image tokens arrive does not matter.
+`proj_out` (image tokens only) is gathered.
+"""
+
+from __future__ import annotations
+
+import cache_dit
+from cache_dit.distributed.core import _ContextParallelInput, _ContextParallelOutput
+
+HAS_SEPARATE_CFG = True  # ClassifierFreeGuidance: one transformer call per condition, two per step
+
+
+def block_adapter(pipe):
+    transformer = pipe.transformer
+    return cache_dit.BlockAdapter(
+        pipe=pipe,  # pipeline level: cache-dit resets the cache context on every call of the modular pipeline
+        transformer=transformer,
+        blocks=transformer.single_transformer_blocks,
+        forward_pattern=cache_dit.ForwardPattern.Pattern_1,
+        check_forward_pattern=True,
+        has_separate_cfg=HAS_SEPARATE_CFG,
+    )
+
+
+def cp_plan(transformer, parallelism_config):
+    def split(dims: int, dim: int) -> _ContextParallelInput:
+        return _ContextParallelInput(split_dim=dim, expected_dims=dims, split_output=False)
+
+    return {
+        "": {"hidden_states": split(3, 1), "encoder_hidden_states": split(3, 1), "img_ids": split(2, 0),
+             "txt_ids": split(2, 0)},
+        "proj_out": _ContextParallelOutput(gather_dim=1, expected_dims=3),
+    }

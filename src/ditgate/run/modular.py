@@ -1,0 +1,185 @@
+"""Rows on a diffusers ModularPipeline: what cache-dit is given, and one generation.
+
+cache-dit 1.5.3 accepts no ModularPipeline (`enable_cache` raises "type … is not valid"), so every row hands it a
+`BlockAdapter` whose `pipe` is the modular pipeline (pipeline level). cache-dit then wraps the pipeline class's
+`__call__` and resets the cache context on every call; `disable_cache` and the class snapshot take the wrapper off
+again. Measured on zoo:flux loaded as FluxModularPipeline (benchmarks/modular_adapter_level.py): the pipeline level
+and the transformer level with `refresh_context` before each call give the same latents and the same cached steps
+call after call, also when the step count changes between calls; the transformer level without the refresh reuses
+the first call's schedule (8-step mask on a 6-step call) and drifts. An adapter with `pipe=None` (transformer level)
+from an integration file is therefore refreshed here before every call, with that call's step count.
+
+The adapter is the integration file's `block_adapter(pipe)`, else cache-dit's registered adapter for the
+transformer's class, called with the modular pipeline (it reads `pipe.transformer` like any pipeline). Parallel
+rows without a cache get an adapter too: cache-dit then takes the transformer from it and the text encoder / VAE
+from its `pipe`.
+
+The guider decides how many transformer calls a step makes. cache-dit counts steps from `has_separate_cfg`, so the
+row records the value cache-dit used next to the calls per step it observed; the proofs compare them.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from ditgate.core import modular
+from ditgate.core.errors import DitgateError
+
+
+def is_transformer_level(adapter) -> bool:
+    from cache_dit.caching.block_adapters import FakeDiffusionPipeline
+
+    return adapter is not None and (adapter.pipe is None or isinstance(adapter.pipe, FakeDiffusionPipeline))
+
+
+def registered_adapter(pipe):
+    """cache-dit's registered adapter for the transformer's class, built on the modular pipeline; (adapter, why)."""
+    from cache_dit.caching.block_adapters.block_registers import BlockAdapterRegister
+
+    transformer = getattr(pipe, "transformer", None)
+    if transformer is None:
+        return None, f"{type(pipe).__name__} has no transformer component"
+    name = type(transformer).__name__
+    for prefix, build in BlockAdapterRegister._adapters.items():
+        if name.startswith(prefix):
+            try:
+                return build(pipe), None
+            except (AssertionError, AttributeError, ValueError) as exc:
+                return None, f"cache-dit's adapter for prefix {prefix!r} refuses {name}: {exc}"
+    return None, f"cache-dit registers no adapter for {name}"
+
+
+def block_adapter(pipe, integration, *, for_cache: bool):
+    """The BlockAdapter every row of a modular pipeline gives cache-dit."""
+    from cache_dit import BlockAdapter
+
+    if integration is not None and integration.block_adapter is not None:
+        return integration.block_adapter(pipe)
+    adapter, why = registered_adapter(pipe)
+    if adapter is not None:
+        adapter.has_separate_cfg = modular.expected_calls_per_step(pipe) > 1  # the guider decides, not the name
+        return adapter
+    if for_cache:
+        raise DitgateError(f"no block adapter for {type(pipe).__name__} ({why}): write block_adapter(pipe) in an "
+                           "integration file (references/modular_pipeline.md) and pass --integration FILE")
+    # parallelism only: cache-dit reads the transformer (and pipe, for the text encoder and VAE) from the adapter
+    return BlockAdapter(pipe=pipe, transformer=pipe.transformer, skip_post_init=True)
+
+
+def separate_cfg(adapter, cache_config) -> bool:
+    """The has_separate_cfg cache-dit uses for `adapter` under `cache_config` (its own rule, cache_adapter.py)."""
+    from cache_dit.caching.block_adapters.block_registers import BlockAdapterRegister
+
+    if cache_config is not None and cache_config.enable_separate_cfg is not None:
+        return bool(cache_config.enable_separate_cfg)
+    return bool(BlockAdapterRegister.has_separate_cfg(adapter)
+                or BlockAdapterRegister.has_separate_cfg(adapter.pipe))
+
+
+def pin_separate_cfg(adapter, cache_config) -> bool:
+    """Make cache-dit use the adapter's own has_separate_cfg (its registry would otherwise fall back to the pipeline
+    class name, e.g. every `Wan…` pipeline counts as separate CFG whatever its guider does); returns the value and
+    keeps it on the adapter for `row_facts`."""
+    if cache_config.enable_separate_cfg is None:
+        cache_config.enable_separate_cfg = bool(adapter.has_separate_cfg)
+    adapter._ditgate_separate_cfg = separate_cfg(adapter, cache_config)
+    return adapter._ditgate_separate_cfg
+
+
+def row_facts(pipe, cache_target) -> dict[str, Any]:
+    """What a modular row records besides the probes: the guider, and for a cache row how cache-dit counts steps."""
+    facts: dict[str, Any] = {"pipeline": type(pipe).__name__, "guider": modular.guider_facts(pipe),
+                             "expected_calls_per_step": modular.expected_calls_per_step(pipe)}
+    if cache_target is not None:
+        facts["adapter_level"] = "transformer" if is_transformer_level(cache_target) else "pipeline"
+        facts["separate_cfg"] = getattr(cache_target, "_ditgate_separate_cfg", None)
+    return facts
+
+
+def keep_forward_signatures(pipe) -> list[str]:
+    """Give every wrapped transformer `forward` its model's signature back; returns the components fixed.
+
+    cache-dit's cache and parallelism hooks replace `transformer.forward` with `(*args, **kwargs)` wrappers. Several
+    modular denoisers (FLUX.3, LTX-2, Qwen-Image, Wan-Animate 2, Cosmos, Helios) pick the keyword arguments to pass
+    by reading `inspect.signature(transformer.forward)`; through the wrapper they pass none of them, and the call
+    fails (`forward() missing … 'img_ids'`). The wrapper's own behaviour is unchanged; only its signature is set.
+    """
+    import inspect
+
+    from ditgate.core.components import transformers_of
+
+    fixed = []
+    for name, transformer in transformers_of(pipe).items():
+        wanted = inspect.signature(type(transformer).forward.__get__(transformer))
+        current = transformer.forward
+        if inspect.signature(current) == wanted:
+            continue
+        holder = getattr(current, "__func__", current)  # a bound method takes attributes on its function
+        if holder is type(transformer).forward:
+            continue
+        holder.__signature__ = wanted if holder is current else inspect.signature(type(transformer).forward)
+        fixed.append(name)
+    return fixed
+
+
+def generate(pipe, request, probes, target=None):
+    """One call of the modular pipeline: refresh a transformer-level cache first, keep the state's latents."""
+    import cache_dit
+    import torch
+
+    if target is not None and is_transformer_level(target) and request.steps:
+        for transformer in _as_list(target.transformer):
+            cache_dit.refresh_context(transformer, num_inference_steps=request.steps)
+    generator = torch.Generator("cpu").manual_seed(request.seed)
+    with _LastStep(getattr(pipe, "scheduler", None)) as last:
+        result = modular.call(pipe, request.call, generator)
+    probes.latents = _final_latents(result.latents, last.sample, probes.noise)
+    return SimpleNamespace(**{_ATTRIBUTE[result.modality]: result.output})
+
+
+def _final_latents(state_latents, loop_latents, noise):
+    """The final latents in the layout of the initial noise (the first transformer input), so that the tensor rule
+    can measure how far they moved: the state's `latents` when the layouts agree, else the denoise loop's last
+    scheduler step (a family that unpacks its latents after the loop, e.g. FLUX.1's (1, 1024, 16) tokens into
+    (1, 4, 64, 64), stores the unpacked ones in its state)."""
+    chosen = state_latents
+    if noise is not None and (chosen is None or tuple(chosen.shape) != tuple(noise.shape)):
+        if loop_latents is not None and tuple(loop_latents.shape) == tuple(noise.shape):
+            chosen = loop_latents
+    return None if chosen is None else chosen.detach().float().cpu().clone()
+
+
+class _LastStep:
+    """Keeps the output of the last `scheduler.step` of a call (an instance attribute, taken off afterwards)."""
+
+    def __init__(self, scheduler):
+        self.scheduler, self.sample = scheduler, None
+
+    def __enter__(self):
+        import torch
+
+        step = getattr(self.scheduler, "step", None)
+        if step is None:
+            return self
+
+        def recording(*args, **kwargs):
+            out = step(*args, **kwargs)
+            value = out[0] if isinstance(out, tuple) else getattr(out, "prev_sample", None)
+            if isinstance(value, torch.Tensor):
+                self.sample = value.detach()
+            return out
+
+        self.scheduler.step = recording
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.scheduler is not None and "step" in vars(self.scheduler):
+            del self.scheduler.step
+
+
+_ATTRIBUTE = {"image": "images", "video": "frames", "audio": "audios"}  # the attribute execute reads for each
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
