@@ -9,9 +9,10 @@ Cache (`block_adapter`). The joint `single_transformer_blocks` carry the bulk of
 `(hidden_states, encoder_hidden_states, ...)` and returns `(encoder_hidden_states, hidden_states)`: Pattern_1. The
 per-mode blocks (`mode_blocks["image"]`, `mode_blocks["image_cond"]`) sit in an `nn.ModuleDict`, which cache-dit
 cannot swap, and `txt_mode_blocks` only carries the cheap text stream, so both run every step. The adapter is built
-on the modular pipeline itself (pipeline level): cache-dit resets the cache context on every call. The guider
-(`ClassifierFreeGuidance`, guidance on for the whole schedule) calls the transformer twice per step, once per
-condition: `has_separate_cfg=True`.
+on the modular pipeline itself (pipeline level): cache-dit resets the cache context on every call.
+`has_separate_cfg` follows the guider: `ClassifierFreeGuidance` (Flux3ModularPipeline, guidance on for the whole
+schedule) calls the transformer once per condition, twice per step; the distilled variant
+(Flux3DistilledModularPipeline) has no guider and calls it once.
 
 Context parallelism (`cp_plan`). The image tokens, the text tokens and their position ids (`img_ids`, `txt_ids`,
 one row of 4 per token) are split at the transformer's entry; RoPE and the per-token timestep modulation are then
@@ -26,7 +27,14 @@ from __future__ import annotations
 import cache_dit
 from cache_dit.distributed.core import _ContextParallelInput, _ContextParallelOutput
 
-HAS_SEPARATE_CFG = True  # ClassifierFreeGuidance: one transformer call per condition, two per step
+HAS_SEPARATE_CFG = None  # None: as the guider decides (see has_separate_cfg)
+
+
+def has_separate_cfg(pipe) -> bool:
+    if HAS_SEPARATE_CFG is not None:
+        return HAS_SEPARATE_CFG
+    guider = getattr(pipe, "guider", None)
+    return guider is not None and guider._enabled and guider.num_conditions > 1
 
 
 def block_adapter(pipe):
@@ -37,7 +45,7 @@ def block_adapter(pipe):
         blocks=transformer.single_transformer_blocks,
         forward_pattern=cache_dit.ForwardPattern.Pattern_1,
         check_forward_pattern=True,
-        has_separate_cfg=HAS_SEPARATE_CFG,
+        has_separate_cfg=has_separate_cfg(pipe),
     )
 
 

@@ -174,6 +174,19 @@ def load(path: Path, dtype: Any = None, device: str | None = "cpu", *, pipeline:
     return pipe
 
 
+def check(path: Path, pipeline: str | None, trust_remote_code: bool, call: dict[str, Any]) -> None:
+    """Before any row: a modular folder's blocks resolve, every component it names has its files, the request's
+    arguments are inputs of the blocks and the output to read is one they produce (configs only, no weights)."""
+    if not wants_modular(Path(path), pipeline):
+        return
+    pipe = from_pretrained(Path(path), pipeline, trust_remote_code)
+    missing = _missing_files(Path(path), pipe)
+    if missing:
+        raise ModularLoadError(f"{type(pipe).__name__} at {path}: components cannot load: {'; '.join(missing)}")
+    output_name(pipe, call)
+    call_kwargs(pipe, call)
+
+
 # ------------------------------------------------------------------------------------------------ calling
 def declared_outputs(pipe) -> list[str]:
     """Names the pipeline's blocks declare as outputs (falling back to their intermediate outputs)."""
@@ -246,6 +259,27 @@ def call(pipe, call: dict[str, Any], generator) -> Result:
     return Result(output=output, modality=modality, latents=latents if isinstance(latents, torch.Tensor) else None)
 
 
+def registered_adapter(pipe, **kwargs):
+    """cache-dit's registered BlockAdapter for the transformer's class, built on the modular pipeline (the adapter
+    functions read `pipe.transformer` like any pipeline's), with has_separate_cfg as the guider decides;
+    (adapter, None), or (None, why there is none). `kwargs` go to the adapter function (skip_post_init=True)."""
+    from cache_dit.caching.block_adapters.block_registers import BlockAdapterRegister
+
+    transformer = getattr(pipe, "transformer", None)
+    if transformer is None:
+        return None, f"{type(pipe).__name__} has no transformer component"
+    name = type(transformer).__name__
+    for prefix, build in BlockAdapterRegister._adapters.items():
+        if name.startswith(prefix):
+            try:
+                adapter = build(pipe, **kwargs)
+            except (AssertionError, AttributeError, ValueError) as exc:
+                return None, f"cache-dit's adapter for prefix {prefix!r} refuses {name}: {_one_line(exc)}"
+            adapter.has_separate_cfg = expected_calls_per_step(pipe) > 1
+            return adapter, None
+    return None, f"cache-dit registers no adapter for {name}"
+
+
 # ------------------------------------------------------------------------------------------------ the block tree
 def guider_facts(pipe) -> dict[str, Any] | None:
     """The guider component: its class, whether it is on, conditions (transformer calls per step) and schedule."""
@@ -267,24 +301,31 @@ def expected_calls_per_step(pipe) -> int:
     return facts["calls_per_step"] if facts else 1
 
 
-def block_tree(pipe) -> list[dict[str, Any]]:
-    """The pipeline blocks as rows (path, class, kind, components, is-the-denoise-loop)."""
+def block_tree(pipe, inputs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The pipeline blocks as rows: path, class, kind, components, whether it is a denoise loop and whether a call
+    with `inputs` runs it (a conditional block runs the child its trigger inputs select, as its `__call__` does;
+    triggers computed by earlier blocks count as absent)."""
     from diffusers.modular_pipelines import LoopSequentialPipelineBlocks
 
+    inputs = inputs or {}
     rows = []
 
-    def walk(block, path: str, depth: int) -> None:
-        kind = ("loop" if isinstance(block, LoopSequentialPipelineBlocks)
-                else "auto" if hasattr(block, "block_trigger_inputs") else
-                "sequential" if getattr(block, "sub_blocks", None) else "step")
+    def walk(block, path: str, depth: int, runs: bool) -> None:
+        conditional = hasattr(block, "select_block") and hasattr(block, "block_trigger_inputs")
+        kind = ("loop" if isinstance(block, LoopSequentialPipelineBlocks) else "auto" if conditional
+                else "sequential" if getattr(block, "sub_blocks", None) else "step")
         components = sorted({c.name for c in getattr(block, "expected_components", [])})
         rows.append({"path": path or "(root)", "class": type(block).__name__, "kind": kind, "depth": depth,
-                     "components": components,
+                     "components": components, "runs": runs,
                      "denoise_loop": kind == "loop" and "transformer" in components})
+        chosen = None
+        if conditional:
+            triggers = {name: inputs.get(name) for name in block.block_trigger_inputs if name is not None}
+            chosen = block.select_block(**triggers) or block.default_block_name
         for name, child in (getattr(block, "sub_blocks", None) or {}).items():
-            walk(child, f"{path}.{name}" if path else name, depth + 1)
+            walk(child, f"{path}.{name}" if path else name, depth + 1, runs and (not conditional or name == chosen))
 
-    walk(pipe.blocks, "", 0)
+    walk(pipe.blocks, "", 0, True)
     return rows
 
 

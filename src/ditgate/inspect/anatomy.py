@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from ditgate.inspect.observe import Probe, block_lists
+from ditgate.core import modular
 from ditgate.core.errors import PipelineRunError
 from ditgate.inspect.model import Anatomy, BlockList, Component, DEFAULT_NEGATIVE_PROMPT, DEFAULT_PROMPT
 from ditgate.inspect.sequence import analyse_sequence, divisibility
@@ -121,6 +122,9 @@ def build_call(pipe, defaults: dict[str, Any] | None, *, height: int | None = No
         if value is not None:
             call[key] = value
     call["num_inference_steps"] = steps
+    if modular.is_modular_class(type(pipe)):  # the blocks' inputs, not __call__(**kwargs), say what it takes
+        taken = set(pipe.blocks.input_names) | {modular.OUTPUT_KEY}
+        return {k: v for k, v in call.items() if k in taken}, [k for k in call if k not in taken]
     params = inspect.signature(type(pipe).__call__).parameters
     if "output_type" in params:
         call["output_type"] = "latent"
@@ -140,7 +144,9 @@ def run_probe(pipe, transformers: dict[str, Any], call: dict[str, Any]) -> Probe
     probe = Probe(transformers)
     trace = probe.trace = Trace(transformers, probe)
     kwargs = dict(call)
-    if "generator" in params:
+    if modular.is_modular_class(type(pipe)):
+        kwargs = modular.call_kwargs(pipe, call)  # and the whole state comes back
+    if "generator" in params or modular.is_modular_class(type(pipe)):
         kwargs["generator"] = torch.Generator("cpu").manual_seed(0)
     if "callback_on_step_end" in params:
         kwargs["callback_on_step_end"] = probe.step_end_callback
@@ -205,6 +211,16 @@ def run_probe(pipe, transformers: dict[str, Any], call: dict[str, Any]) -> Probe
 
 
 
+
+
+def modular_facts(pipe, call: dict[str, Any]) -> dict[str, Any]:
+    """A ModularPipeline's recipe: the block tree, the denoise loop this call runs, the guider, the output read."""
+    tree = modular.block_tree(pipe, call)
+    name, modality = modular.output_name(pipe, call)
+    return {"blocks": tree, "denoise_loops": modular.denoise_loops(pipe),
+            "denoise_loop": next((r["path"] for r in tree if r["denoise_loop"] and r["runs"]), None),
+            "guider": modular.guider_facts(pipe), "expected_calls_per_step": modular.expected_calls_per_step(pipe),
+            "outputs": modular.declared_outputs(pipe), "output": name, "modality": modality}
 
 
 # -- putting it together ------------------------------------------------------------------------------------------
@@ -313,7 +329,8 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
         block_lists=lists, between_lists=between, calls_per_step=calls_per_step, calls_by_step=by_step,
         transformer_calls={n: r.calls for n, r in probe.transformers.items()},
         has_separate_cfg=_separate_cfg(traits, calls_per_step), batch=batch, attention=attention,
-        sequence=sequence, tp_layers=tp, cache_dit=support.to_dict(), traits=traits)
+        sequence=sequence, tp_layers=tp, cache_dit=support.to_dict(), traits=traits,
+        modular=modular_facts(pipe, call) if modular.is_modular_class(type(pipe)) else None)
     anatomy.warnings = _warnings(anatomy)
     if dropped:
         anatomy.warnings.append(f"the pipeline's __call__ does not take {dropped}; they were left out of the run")

@@ -155,6 +155,7 @@ class Anatomy:
     warnings: list[str] = field(default_factory=list)
     plan: str = ""
     traits: Traits = field(default_factory=Traits)
+    modular: dict[str, Any] | None = None  # a ModularPipeline: block tree, denoise loop, guider, output name
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ditgate.core import modular
+
 
 @dataclass
 class AdapterInfo:
@@ -85,13 +87,20 @@ def describe_adapter(pipe) -> tuple[AdapterInfo | None, str | None]:
     built with `skip_post_init=True` so nothing is patched."""
     from cache_dit.caching.block_adapters import BlockAdapterRegister
 
-    prefix = _prefix_match(type(pipe).__name__, BlockAdapterRegister.supported_pipelines()[1])
-    if prefix is None:
-        return None, None
-    try:
-        adapter = BlockAdapterRegister.get_adapter(pipe, skip_post_init=True)
-    except Exception as exc:  # noqa: BLE001 - a registered adapter that rejects this pipeline is a finding
-        return None, f"cache-dit's {prefix!r} adapter rejects this pipeline: {type(exc).__name__}: {exc}"
+    if modular.is_modular_class(type(pipe)):  # looked up by the transformer's class, as ditgate's rows do
+        transformer = getattr(pipe, "transformer", None)
+        prefix = _prefix_match(type(transformer).__name__, BlockAdapterRegister.supported_pipelines()[1])
+        adapter, why = modular.registered_adapter(pipe, skip_post_init=True)
+        if adapter is None:
+            return None, (why if prefix else None)
+    else:
+        prefix = _prefix_match(type(pipe).__name__, BlockAdapterRegister.supported_pipelines()[1])
+        if prefix is None:
+            return None, None
+        try:
+            adapter = BlockAdapterRegister.get_adapter(pipe, skip_post_init=True)
+        except Exception as exc:  # noqa: BLE001 - a registered adapter that rejects this pipeline is a finding
+            return None, f"cache-dit's {prefix!r} adapter rejects this pipeline: {type(exc).__name__}: {exc}"
     components = getattr(pipe, "components", None) or {"transformer": pipe}
     transformers = _as_list(adapter.transformer)
     names = [next((k for k, v in components.items() if v is t), type(t).__name__) for t in transformers]
@@ -102,7 +111,8 @@ def describe_adapter(pipe) -> tuple[AdapterInfo | None, str | None]:
     if len(transformers) == 1:
         patterns = [patterns]
     block_lists = [[_list_names(t, b) for b in _as_list(bs)] for t, bs in zip(transformers, blocks)]
-    separate = bool(adapter.has_separate_cfg) or BlockAdapterRegister.has_separate_cfg(pipe)
+    separate = bool(adapter.has_separate_cfg) or (not modular.is_modular_class(type(pipe))
+                                                  and BlockAdapterRegister.has_separate_cfg(pipe))
     functor = adapter.patch_functor
     info = AdapterInfo(
         prefix=prefix, function=BlockAdapterRegister._adapters[prefix].__name__, transformers=names,

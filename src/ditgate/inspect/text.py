@@ -57,6 +57,8 @@ def render(a) -> str:
             for role, items in a.components.items() for c in items]
     out += _table(["role", "name", "class", "source"], rows) + [""]
 
+    if getattr(a, "modular", None):
+        out += _modular(a.modular)
     out.append("Block lists")
     rows = [[f"{b.transformer}.{b.attribute}", b.length, b.block_class,
              " + ".join("H" if r == "hidden_states" else "E" if r == "encoder_hidden_states" else "?"
@@ -124,3 +126,19 @@ def render(a) -> str:
         out.append("Warnings")
         out += [f"  ! {w}" for w in a.warnings] + [""]
     return "\n".join(out)
+
+
+def _modular(m: dict) -> list[str]:
+    """The pipeline blocks of a ModularPipeline: which sub-block holds the denoise loop, the guider, the output."""
+    out = ["Pipeline blocks (ModularPipeline)"]
+    rows = [["  " * r["depth"] + r["path"].rsplit(".", 1)[-1], r["class"], r["kind"], _yes(r.get("runs")),
+             ", ".join(r["components"]) or "-", "denoise loop" if r["denoise_loop"] else ""] for r in m["blocks"]]
+    out += _table(["block", "class", "kind", "runs", "components", ""], rows)
+    g = m["guider"]
+    guider = (f"{g['class']} (enabled {_yes(g['enabled'])}, scale {g['guidance_scale']}, schedule "
+              f"{g['start']}-{g['stop']})" if g else "none")
+    out.append(f"  denoise loop of this call: {m['denoise_loop'] or 'none found'}; guider: {guider} -> "
+               f"{m['expected_calls_per_step']} transformer call(s) per step")
+    out.append(f"  output read by name: {m['output']} ({m['modality']}); the blocks declare "
+               f"{', '.join(m['outputs']) or 'none'}")
+    return out + [""]

@@ -170,10 +170,14 @@ def apply(row: Row, pipe, integration: Integration | None, request: Request):
             target = integration.block_adapter(pipe)
         pc = parallelism_config(row) if row.parallel else None
         qc = quantize_config(row) if row.quantize else None
-        cache_dit.enable_cache(target, cache_config=cc, calibrator_config=calibrator, parallelism_config=pc,
-                               quantize_config=qc)
         if modular.is_modular_class(type(pipe)):
+            with modular_rows.extra_modules_visible(pipe):
+                cache_dit.enable_cache(target, cache_config=cc, calibrator_config=calibrator, parallelism_config=pc,
+                                       quantize_config=qc)
             modular_rows.keep_forward_signatures(pipe)
+        else:
+            cache_dit.enable_cache(target, cache_config=cc, calibrator_config=calibrator, parallelism_config=pc,
+                                   quantize_config=qc)
     if row.compile:
         compile_transformers(pipe, row.compile_options)
     return target

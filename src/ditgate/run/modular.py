@@ -20,6 +20,7 @@ row records the value cache-dit used next to the calls per step it observed; the
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,30 +34,13 @@ def is_transformer_level(adapter) -> bool:
     return adapter is not None and (adapter.pipe is None or isinstance(adapter.pipe, FakeDiffusionPipeline))
 
 
-def registered_adapter(pipe):
-    """cache-dit's registered adapter for the transformer's class, built on the modular pipeline; (adapter, why)."""
-    from cache_dit.caching.block_adapters.block_registers import BlockAdapterRegister
-
-    transformer = getattr(pipe, "transformer", None)
-    if transformer is None:
-        return None, f"{type(pipe).__name__} has no transformer component"
-    name = type(transformer).__name__
-    for prefix, build in BlockAdapterRegister._adapters.items():
-        if name.startswith(prefix):
-            try:
-                return build(pipe), None
-            except (AssertionError, AttributeError, ValueError) as exc:
-                return None, f"cache-dit's adapter for prefix {prefix!r} refuses {name}: {exc}"
-    return None, f"cache-dit registers no adapter for {name}"
-
-
 def block_adapter(pipe, integration, *, for_cache: bool):
     """The BlockAdapter every row of a modular pipeline gives cache-dit."""
     from cache_dit import BlockAdapter
 
     if integration is not None and integration.block_adapter is not None:
         return integration.block_adapter(pipe)
-    adapter, why = registered_adapter(pipe)
+    adapter, why = modular.registered_adapter(pipe)
     if adapter is not None:
         adapter.has_separate_cfg = modular.expected_calls_per_step(pipe) > 1  # the guider decides, not the name
         return adapter
@@ -65,6 +49,22 @@ def block_adapter(pipe, integration, *, for_cache: bool):
                            "integration file (references/modular_pipeline.md) and pass --integration FILE")
     # parallelism only: cache-dit reads the transformer (and pipe, for the text encoder and VAE) from the adapter
     return BlockAdapter(pipe=pipe, transformer=pipe.transformer, skip_post_init=True)
+
+
+@contextlib.contextmanager
+def extra_modules_visible(pipe):
+    """Let `enable_cache` find the text encoder and VAE of a modular pipeline (TE-P, VAE-P, quantized components).
+
+    cache-dit resolves `extra_parallel_modules` names with `parse_extra_modules(adapter.pipe, names)`, which takes
+    anything that is not a DiffusionPipeline for an adapter and reads its `.pipe`: for a ModularPipeline that is
+    None, and every name was dropped without a word (measured: tp-2+tep and tp-2+vaep on FluxModularPipeline
+    sharded no text-encoder weight and decoded every tile on rank 0). While cache-dit is enabled the pipeline is its
+    own `.pipe`."""
+    pipe.pipe = pipe
+    try:
+        yield
+    finally:
+        del pipe.pipe
 
 
 def separate_cfg(adapter, cache_config) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ditgate.core import modular
 from ditgate.run import store
 from ditgate.run.hints import hint_for
 from ditgate.core.errors import DitgateError
@@ -106,7 +107,9 @@ class Runner:
         self.profile = profile  # ditgate.inspect.flops.Profile at the request's size; counted when the report needs it
         check_options(cfg)
         self.model_path = resolve(cfg.model)
-        read_index(self.model_path)  # a model_index.json that cannot be read is refused before any folder is made
+        if not modular.is_modular_folder(self.model_path):
+            read_index(self.model_path)  # a model_index.json that cannot be read is refused before any folder is made
+        modular.check(self.model_path, cfg.pipeline, cfg.trust_remote_code, cfg.request.call)  # before any folder
         self.run_dir, self._lock = prepare(cfg, self.model_path, _versions)
         self.states = {row.name: RowState(row) for row in cfg.rows}
         self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))

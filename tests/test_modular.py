@@ -1,0 +1,160 @@
+"""The modular route: diffusers ModularPipelines loaded, called and gated like any pipeline.
+
+- zoo:flux loaded as FluxModularPipeline runs every default row and passes; its baseline latents equal the
+  standard FluxPipeline's (the session's default run on zoo:flux) for the same seeded call;
+- zoo:flux3, a FLUX.3 Flux3ModularPipeline (no standard class exists) with examples/flux3/integration.py: baseline,
+  cache and cp-ulysses-2 pass; the plugin with the wrong calls-per-step flag fails on the cache-cfg proof;
+- bad input (components that cannot load, an output the blocks do not produce) exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FLUX3_PLUGIN = ROOT / "examples" / "flux3" / "integration.py"
+FLUX3_WRONG_CFG = ROOT / "examples" / "flux3" / "integration_wrong_cfg.py"
+
+
+def _run(model, rows, out, **kwargs):
+    from ditgate import zoo
+    from ditgate.core import request
+    from ditgate.core.loader import resolve
+    from ditgate.run import rows as rows_mod
+    from ditgate.run.runner import RunConfig, run
+
+    cfg = RunConfig(model=model, rows=rows_mod.select(rows_mod.DEFAULT_ROWS, rows), out=out,
+                    request=request.build(zoo.read_meta(resolve(model))), **kwargs)
+    return run(cfg, progress=lambda line: None)
+
+
+@pytest.fixture(scope="session")
+def flux_modular_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("flux-modular") / "run"
+    return _run("zoo:flux", None, out, pipeline="diffusers:FluxModularPipeline"), out
+
+
+@pytest.fixture(scope="session")
+def flux3_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("flux3") / "run"
+    return _run("zoo:flux3", "baseline,cache,cp-ulysses-2", out, integration=FLUX3_PLUGIN), out
+
+
+def _rows(report):
+    return {r["name"]: r for r in report["rows"]}
+
+
+def test_flux_as_modular_pipeline_passes_every_default_row(flux_modular_run):
+    report, _ = flux_modular_run
+    rows = _rows(report)
+    failed = {n: (r["status"], r.get("reasons")) for n, r in rows.items() if r["status"] not in ("passed", "reference")}
+    assert not failed, failed
+    assert report["passed"]
+    gated = [r for r in rows.values() if r["phase"]]
+    assert {r["phase"] for r in gated} >= {"cache", "cp", "tp", "tep", "vaep", "hybrid"}
+
+
+def test_flux_modular_baseline_latents_equal_flux_pipeline(flux_modular_run, flux_default_run):
+    _, modular_dir = flux_modular_run
+    _, standard_dir = flux_default_run
+    modular = np.load(modular_dir / "rows" / "baseline" / "latents.npy")
+    standard = np.load(standard_dir / "rows" / "baseline" / "latents.npy")
+    assert modular.shape == standard.shape == (1, 1024, 16)  # the packed tokens of both denoise loops
+    np.testing.assert_array_equal(modular, standard)
+    result = json.loads((modular_dir / "rows" / "baseline" / "result.json").read_text())
+    assert result["facts"]["modular"]["pipeline"] == "FluxModularPipeline"
+    assert result["facts"]["calls_per_step"] == 1.0  # no guider: guidance is distilled into FLUX.1's transformer
+
+
+def test_flux_modular_cache_row_is_pipeline_level(flux_modular_run):
+    _, out = flux_modular_run
+    facts = json.loads((out / "rows" / "cache" / "result.json").read_text())["facts"]
+    assert facts["modular"]["adapter_level"] == "pipeline"
+    assert facts["modular"]["separate_cfg"] is False
+    assert facts["cache"][0]["cached_steps"]
+
+
+def test_flux3_modular_only_pipeline_passes_with_its_plugin(flux3_run):
+    report, out = flux3_run
+    rows = _rows(report)
+    assert {n: r["status"] for n, r in rows.items()} == {"baseline": "reference", "cache": "passed",
+                                                         "cp-ulysses-2": "passed"}
+    facts = json.loads((out / "rows" / "cache" / "result.json").read_text())["facts"]
+    assert facts["calls_per_step"] == 2.0 and facts["modular"]["guider"]["class"] == "ClassifierFreeGuidance"
+    proofs = {p["feature"]: p for p in rows["cache"]["proofs"]}
+    assert proofs["cache-cfg"]["passed"], proofs
+
+
+def test_wrong_calls_per_step_flag_fails_on_cache_cfg(flux3_run):
+    from ditgate import zoo
+    from ditgate.core import plugin, request
+    from ditgate.run import proofs
+    from ditgate.run.execute import run_row
+    from ditgate.run.rows import DEFAULT_ROWS
+
+    _, out = flux3_run
+    path = zoo.materialize("zoo:flux3")
+    row = next(r for r in DEFAULT_ROWS if r.name == "cache")
+    outcome = run_row(row, path, request.build(zoo.read_meta(path)), integration=plugin.load(FLUX3_WRONG_CFG))
+    base = json.loads((out / "rows" / "baseline" / "result.json").read_text())["facts"]
+    base_row = next(r for r in DEFAULT_ROWS if r.name == "baseline")
+    checked = {p.feature: p for p in proofs.check(row, outcome.facts, base_row, base)}
+    assert checked["cache"].passed  # steps were cached: the fault hides from that proof
+    assert not checked["cache-cfg"].passed
+    assert "has_separate_cfg=False" in checked["cache-cfg"].detail and "2 per step" in checked["cache-cfg"].detail
+
+
+def test_components_that_cannot_load_exit_2(tmp_path, run_cli):
+    from ditgate import zoo
+
+    broken = tmp_path / "flux3"
+    shutil.copytree(zoo.materialize("zoo:flux3"), broken)
+    for weights in (broken / "transformer").glob("*.safetensors"):
+        weights.unlink()
+    code, out, err = run_cli("run", broken, "--rows", "baseline", "--out", tmp_path / "run")
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "components cannot load: transformer" in err
+    assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+def test_output_the_blocks_do_not_produce_exits_2(tmp_path, run_cli):
+    from ditgate import zoo
+
+    folder = tmp_path / "flux3"
+    shutil.copytree(zoo.materialize("zoo:flux3"), folder)
+    meta = json.loads((folder / zoo.META_FILE).read_text())
+    meta["call"]["output"] = "spectrogram"
+    (folder / zoo.META_FILE).write_text(json.dumps(meta))
+    code, out, err = run_cli("run", folder, "--rows", "baseline", "--out", tmp_path / "run")
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "does not produce an output named 'spectrogram'" in err
+
+
+def test_standard_folder_names_its_modular_counterpart(zoo_path):
+    from ditgate.core import modular
+
+    path = zoo_path("flux")
+    assert not modular.wants_modular(path, None)
+    for pipeline in ("modular", "diffusers:ModularPipeline", "diffusers:FluxModularPipeline"):
+        assert modular.wants_modular(path, pipeline)
+        assert type(modular.from_pretrained(path, pipeline)).__name__ == "FluxModularPipeline"
+    assert modular.wants_modular(zoo_path("flux3"), None)  # modular_model_index.json: modular without being told
+
+
+def test_custom_blocks_in_the_folder_need_trust_remote_code(tmp_path):
+    from ditgate import zoo
+    from ditgate.core import loader
+    from ditgate.core.errors import RemoteCodeError
+
+    folder = tmp_path / "flux3"
+    shutil.copytree(zoo.materialize("zoo:flux3"), folder)
+    (folder / "blocks.py").write_text("raise SystemExit('custom block code ran')\n")
+    (folder / "modular_config.json").write_text(json.dumps(
+        {"_class_name": "MyBlocks", "auto_map": {"ModularPipelineBlocks": "blocks.MyBlocks"}}))
+    with pytest.raises(RemoteCodeError, match="--trust-remote-code"):
+        loader.load(folder)
