@@ -3,7 +3,8 @@
     python benchmarks/modular_survey.py [--only Flux3ModularPipeline,...] [--device cpu|cuda] [--out DIR]
 
 For each class diffusers exports (`*ModularPipeline`), the survey looks for a tiny seeded offline model:
-- a zoo model built as the modular class itself (zoo:flux3, zoo:flux3-distilled: no standard class exists), or
+- a model built as the modular class itself (zoo:flux3, and the distilled FLUX.3 built here by
+  `ditgate.zoo.modular_builders.build_flux3(distilled=True)`: no standard class exists), or
 - a standard zoo model whose folder diffusers maps to the class (`ModularPipeline.from_pretrained` on its
   `model_index.json`), loaded with `--pipeline diffusers:<Class>`.
 A class with neither is classified by the components its default blocks expect (what a tiny builder would need).
@@ -29,11 +30,13 @@ ROWS = ("baseline", "cache", "cp-ulysses-2", "tp-2")
 # modular class -> (model, integration file or None). Standard zoo folders are run through their modular class.
 BUILT = {
     "Flux3ModularPipeline": ("zoo:flux3", ROOT / "examples" / "flux3" / "integration.py"),
-    "Flux3DistilledModularPipeline": ("zoo:flux3-distilled", ROOT / "examples" / "flux3" / "integration.py"),
+    "Flux3DistilledModularPipeline": ("flux3-distilled", ROOT / "examples" / "flux3" / "integration.py"),
     "FluxModularPipeline": ("zoo:flux", None),
     "WanModularPipeline": ("zoo:wan", None),
     "QwenImageModularPipeline": ("zoo:qwen-image", None),
 }
+
+MODULAR_ONLY = {"Flux3ModularPipeline", "Flux3DistilledModularPipeline"}
 
 
 def modular_classes() -> list[str]:
@@ -58,10 +61,24 @@ def needs(name: str) -> str:
     return ", ".join(f"{c.name}={getattr(c.type_hint, '__name__', c.type_hint)}" for c in specs)
 
 
+def build_local(model: str, folder: Path) -> str:
+    """A model that is no zoo entry, built into `folder` the zoo's way (seeded, save_pretrained, ditgate.json)."""
+    from ditgate import zoo
+    from ditgate.zoo import modular_builders
+
+    if model != "flux3-distilled":
+        return model
+    if not (folder / "modular_model_index.json").is_file():
+        modular_builders.build_flux3(0, distilled=True).save_pretrained(str(folder), overwrite_modular_index=True)
+        meta = {"zoo": None, "seed": 0, "modality": "image", "call": dict(zoo.get("flux3").call)}
+        (folder / zoo.META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return str(folder)
+
+
 def run_one(name: str, model: str, integration: Path | None, device: str, out: Path) -> dict:
     cmd = [sys.executable, "-m", "ditgate", "run", model, "--rows", ",".join(ROWS), "--out", str(out),
            "--device", device, "--json"]
-    if not model.startswith("zoo:flux3"):
+    if name not in MODULAR_ONLY:  # a standard folder, run through its modular class
         cmd += ["--pipeline", f"diffusers:{name}"]
     if integration is not None:
         cmd += ["--integration", str(integration)]
@@ -96,7 +113,8 @@ def main() -> int:
         for name in names:
             if name in BUILT:
                 model, integration = BUILT[name]
-                results[name] = run_one(name, model, integration, args.device, Path(tmp) / name)
+                where = build_local(model, Path(tmp) / f"{name}-model")
+                results[name] = run_one(name, where, integration, args.device, Path(tmp) / name)
                 results[name]["model"] = model
             else:
                 results[name] = {"built": "no", "reason": f"no tiny offline builder; the default blocks load {needs(name)}"}

@@ -110,6 +110,8 @@ def _missing_files(path: Path, pipe) -> list[str]:
         if spec.default_creation_method != "from_pretrained" or not spec.pretrained_model_name_or_path:
             continue
         repo = Path(str(spec.pretrained_model_name_or_path))
+        if not repo.is_dir() and (Path(path) / (spec.subfolder or name)).is_dir():
+            repo = Path(path)  # a copy of a saved folder: its index still names where it was saved
         if not repo.is_dir():
             missing.append(f"{name} (from {repo}, not a local folder)")
         elif not _is_local_component(str(repo), spec):

@@ -72,12 +72,6 @@ ZOO: dict[str, ZooModel] = {
                  modular_builders.build_flux3,
                  {"prompt": "a tiny red cube on a table", "height": 64, "width": 64, "num_inference_steps": 8,
                   "max_new_tokens": 8, "text_encoder_out_layers": list(modular_builders.FLUX3_TEXT_LAYERS)}),
-        ZooModel("flux3-distilled", "Flux3DistilledModularPipeline", "image",
-                 "FLUX.3 step-distilled layout (modular only): zoo:flux3's transformer with a flow map, no guider "
-                 "(1 call per step)",
-                 lambda seed: modular_builders.build_flux3(seed, distilled=True),
-                 {"prompt": "a tiny red cube on a table", "height": 64, "width": 64, "num_inference_steps": 8,
-                  "max_new_tokens": 8, "text_encoder_out_layers": list(modular_builders.FLUX3_TEXT_LAYERS)}),
         # Not from diffusers: the code is the `tinymm` package in the repository's examples/ (ditgate.core.examples).
         ZooModel("tinymm", "TinyMMPipeline", "image",
                  "not in diffusers (examples/tinymm): 4 joint blocks, 4 query / 2 KV heads, 2-D RoPE, text padding "

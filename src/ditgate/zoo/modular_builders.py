@@ -78,10 +78,11 @@ def _qwen3_5(seed: int):
 
 def build_flux3(seed: int = 0, distilled: bool = False):
     """Flux3ModularPipeline (or Flux3DistilledModularPipeline): 1 per-mode + 2 joint blocks, 4 heads x 16; a 2-layer
-    Qwen3-VL text encoder, a 2-layer Qwen3.5 prompt upsampler, a 2-level AutoencoderKLFlux2; CFG guider."""
+    Qwen3-VL text encoder, a 2-layer Qwen3.5 prompt upsampler, a 2-level AutoencoderKLFlux2. The scheduler and
+    the guider are the blocks' own, created from their configs (diffusers saves neither): FLUX.3's flow-match
+    schedule (shift 6.93) and ClassifierFreeGuidance at scale 3.5, two calls per step."""
     import diffusers
-    from diffusers import (AutoencoderKLFlux2, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
-                           Flux3Transformer2DModel)
+    from diffusers import AutoencoderKLFlux2, Flux3Transformer2DModel
 
     latent_channels = 4
     transformer = _seeded(seed, lambda: Flux3Transformer2DModel(
@@ -96,9 +97,6 @@ def build_flux3(seed: int = 0, distilled: bool = False):
     cls = diffusers.Flux3DistilledModularPipeline if distilled else diffusers.Flux3ModularPipeline
     pipe = cls()
     components = dict(transformer=transformer, vae=vae, text_encoder=_qwen3_vl(seed + 1), tokenizer=_chat_processor(),
-                      prompt_upsampler=_qwen3_5(seed + 2), prompt_upsampler_processor=_chat_processor(),
-                      scheduler=FlowMatchEulerDiscreteScheduler())
-    if "guider" in pipe._component_specs:
-        components["guider"] = ClassifierFreeGuidance(guidance_scale=4.0)
+                      prompt_upsampler=_qwen3_5(seed + 2), prompt_upsampler_processor=_chat_processor())
     pipe.update_components(**{k: v for k, v in components.items() if k in pipe._component_specs})
     return pipe
