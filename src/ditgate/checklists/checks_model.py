@@ -118,15 +118,15 @@ def extra_module_planner(ctx: Context, args: dict[str, Any]) -> Outcome:
 
 def model_contract(ctx: Context, args: dict[str, Any]) -> Outcome:
     from cache_dit.distributed.core._diffusers_bridge import get_diffusers_attention_classes
-    from diffusers import DiffusionPipeline, ModelMixin
+    from diffusers import DiffusionPipeline, ModelMixin, ModularPipeline
 
     from ditgate.inspect.observe import is_attention_module
     from ditgate.core.components import block_lists, transformers_of
 
     pipe = ctx.pipe()
     problems, notes = [], []
-    if not isinstance(pipe, DiffusionPipeline):
-        problems.append(f"{type(pipe).__name__} is not a diffusers DiffusionPipeline")
+    if not isinstance(pipe, (DiffusionPipeline, ModularPipeline)):
+        problems.append(f"{type(pipe).__name__} is neither a diffusers DiffusionPipeline nor a ModularPipeline")
     attention_classes = get_diffusers_attention_classes()
     for name, transformer in transformers_of(pipe).items():
         cls = type(transformer).__name__
@@ -150,17 +150,20 @@ def model_contract(ctx: Context, args: dict[str, Any]) -> Outcome:
         notes.append(f"{name}: {cls}, lists {', '.join(lists)}, _repeated_blocks {repeated}")
     if problems:
         return failed("; ".join(problems))
-    return passed(f"{type(pipe).__name__} is a DiffusionPipeline; " + "; ".join(notes))
+    kind = "ModularPipeline" if isinstance(pipe, ModularPipeline) else "DiffusionPipeline"
+    return passed(f"{type(pipe).__name__} is a {kind}; " + "; ".join(notes))
 
 
 def model_folder(ctx: Context, args: dict[str, Any]) -> Outcome:
     index = ctx.model_path / "model_index.json"
+    if not index.is_file() and (ctx.model_path / "modular_model_index.json").is_file():
+        index = ctx.model_path / "modular_model_index.json"  # a ModularPipeline: [library, class, loading spec]
     try:
         entries = json.loads(index.read_text())
     except (OSError, ValueError) as exc:
         return failed(f"{index}: {exc}")
     components = {k: v for k, v in entries.items()
-                  if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and all(v)}
+                  if not k.startswith("_") and isinstance(v, list) and len(v) in (2, 3) and all(v[:2])}
     problems, weighted = [], []
     for name in components:
         folder = ctx.model_path / name
@@ -174,5 +177,5 @@ def model_folder(ctx: Context, args: dict[str, Any]) -> Outcome:
                 problems.append(f"{name}/ has a config.json but no weights")
     if problems:
         return failed(f"{ctx.model_path}: " + "; ".join(problems))
-    return passed(f"{ctx.model_path}: model_index.json names {len(components)} components, every folder is present; "
+    return passed(f"{ctx.model_path}: {index.name} names {len(components)} components, every folder is present; "
                   f"weights in {', '.join(weighted)}")

@@ -181,11 +181,11 @@ def source(model: str | Path) -> Source:
                              "transformer config.json")
     if path.is_file():
         return Source(_read_json(path), {}, {}, str(path))
-    if (path / "model_index.json").is_file():
+    if (path / "model_index.json").is_file() or (path / "modular_model_index.json").is_file():
         vae_file = path / "vae" / "config.json"
         return Source(_read_json(path / "transformer" / "config.json"),
                       _read_json(vae_file) if vae_file.is_file() else {},
                       zoo.read_meta(path).get("call", {}), str(path))
     if (path / "config.json").is_file():
         return Source(_read_json(path / "config.json"), {}, {}, str(path))
-    raise FlopsError(f"{path} holds neither model_index.json nor config.json")
+    raise FlopsError(f"{path} holds neither model_index.json (nor modular_model_index.json) nor config.json")

@@ -182,7 +182,7 @@ def build(name: str, directory: str | os.PathLike, seed: int = 0, overwrite: boo
     occupied = target.is_dir() and any(target.iterdir())
     if occupied and not overwrite:
         raise DitgateError(f"{target} exists and is not empty; use --overwrite to replace it")
-    if occupied and not (target / "model_index.json").is_file():  # --overwrite replaces a model, nothing else
+    if occupied and not _has_index(target):  # --overwrite replaces a model, nothing else
         raise DitgateError(f"{target} holds files but no model (no model_index.json); --overwrite does not replace "
                            "it: give an empty or new folder")
     try:
