@@ -75,8 +75,13 @@ def test_build_refuses_non_empty_folder_and_keeps_it(tmp_path):
     with pytest.raises(ditgate.core.errors.DitgateError, match="not empty"):
         zoo.build("wan", target)
     assert (target / "precious.txt").read_text() == "keep me"
-    zoo.build("wan", target, overwrite=True)
-    assert not (target / "precious.txt").exists() and (target / "model_index.json").is_file()
+    with pytest.raises(ditgate.core.errors.DitgateError, match="no model"):  # --overwrite replaces only a model
+        zoo.build("wan", target, overwrite=True)
+    assert (target / "precious.txt").read_text() == "keep me"
+    (target / "precious.txt").unlink()
+    zoo.build("wan", target)
+    zoo.build("wan", target, overwrite=True)  # a model folder is replaced
+    assert (target / "model_index.json").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # no staging folder left behind
 
 
