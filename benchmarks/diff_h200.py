@@ -54,7 +54,8 @@ def _sync(device: str) -> None:
 
 def main() -> None:
     from ditgate.core import request
-    from ditgate.run.diff import locate, plot, tolerance
+    from ditgate.run.diff import locate, tolerance
+    from ditgate.run.diff_report import plot
     from ditgate.run.divergence import Recorder, capture, compare_summaries
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -28,7 +28,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from ditgate.core.loader import resolve
     from ditgate.run import rows as rows_mod
-    from ditgate.run.diff import DiffConfig, diff, markdown
+    from ditgate.run.diff import DiffConfig, diff
+    from ditgate.run.diff_report import markdown
     from ditgate.run.runner import default_out
 
     base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)

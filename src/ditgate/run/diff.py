@@ -28,9 +28,8 @@ from ditgate.core.errors import DitgateError
 from ditgate.core.request import Request
 from ditgate.run.divergence import Recorder, capture, compare_summaries, exact_metrics
 from ditgate.run.rows import Row
+from ditgate.run.diff_report import BEFORE, WINDOW, write
 
-WINDOW = 3  # modules shown (and kept whole on the second pass) past the first divergence
-BEFORE = 2  # and before it
 
 
 @dataclass
@@ -216,7 +215,7 @@ def diff(cfg: DiffConfig) -> dict[str, Any]:
         rerun = lambda full, inputs: _pass(cfg, "full", full, inputs)[2:]  # noqa: E731
         report.update(locate(lines, first, tol, cfg.window, rerun))
     report["wall_s"] = round(time.perf_counter() - start, 2)
-    _write(cfg.out, report)
+    write(cfg.out, report)
     return report
 
 
@@ -266,7 +265,7 @@ def diagnose(runner) -> None:
     `diff` record and one line among its reasons; a diff that cannot run says why; the row stays failed."""
     from ditgate.gates.verdicts import load_gates
 
-    gates = runner._gates() or load_gates()
+    gates = runner.gate_table() or load_gates()
     for state in runner.states.values():
         row, base = state.row, runner.states.get(state.row.baseline or "")
         error = (state.result or {}).get("error") or {}
@@ -294,69 +293,14 @@ def diagnose(runner) -> None:
                              "divergence starts later (a later step, the scheduler or the VAE)")
 
 
-# -- report files --------------------------------------------------------------------------------------------------
-def table(report: dict[str, Any], before: int = BEFORE + 1, after: int = WINDOW) -> list[dict[str, Any]]:
-    """The lines shown: every module up to a few past the first divergence (the last few when none diverged)."""
-    lines = report["lines"]
-    index = next((i for i, x in enumerate(lines) if x["module"] == report["first"]), None)
-    if index is None:
-        return lines[-(before + after):]
-    return lines[:index + after + 1]
 
 
-def markdown(report: dict[str, Any]) -> str:
-    from ditgate.gates.verdicts import format_value
-
-    out = [f"## diff: {report['row']} against {report['baseline']} ({report['dtype']}, {report['device']})", "",
-           f"- tolerance: relative max-abs {report['tolerance']['rel_max_abs']:g} ({report['tolerance']['source']})",
-           f"- modules compared: {report['modules']}; wall time {report.get('wall_s', 0):.1f} s",
-           f"- first divergence: **{report['named'] or 'none'}** — {report['reason']}", "",
-           "| # | module | shape | max-abs | rel | PSNR dB | status | gathered |", "|---|---|---|---|---|---|---|---|"]
-    for x in table(report):
-        mark = " **<-**" if x["module"] == report["first"] else ""
-        out.append(f"| {x['index']} | {x['module']}{mark} | {x.get('shape')} | {_num(x.get('max_abs'))} | "
-                   f"{_num(x.get('rel'))} | {format_value('psnr', x.get('psnr'))} | {x['status']}"
-                   f"{' (exact)' if x.get('exact') else ''} | {x.get('gathered', '')} |")
-    return "\n".join(out) + "\n"
 
 
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.3g}"
 
 
-def _write(out: Path, report: dict[str, Any]) -> None:
-    from ditgate.gates.verdicts import json_ready
-
-    (out / "diff.json").write_text(json.dumps(json_ready(report), indent=1))
-    (out / "diff.md").write_text(markdown(report))
-    plot(report, out / "diff.png")
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    import math
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lines = report["lines"]
-    values = [x.get("rel") for x in lines]
-    top = max([v for v in values if v is not None and math.isfinite(v)] + [1.0]) * 10
-    ys = [max(top if v is None or not math.isfinite(v) else v, 1e-12) for v in values]
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    ax.semilogy(range(len(ys)), ys, ".-", lw=0.8, ms=3)
-    ax.axhline(report["tolerance"]["rel_max_abs"], color="tab:red", ls="--", lw=0.8, label="tolerance")
-    index = next((i for i, x in enumerate(lines) if x["module"] == report["first"]), None)
-    if index is not None:
-        ax.axvline(index, color="tab:orange", lw=0.8, label=f"first: {report['named']}")
-    ax.set_xlabel("module (execution order)")
-    ax.set_ylabel("relative max-abs error")
-    ax.set_title(f"{report['row']} vs {report['baseline']}")
-    ax.legend(loc="upper left", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # -- candidate ranks -----------------------------------------------------------------------------------------------

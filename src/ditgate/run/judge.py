@@ -1,8 +1,12 @@
-"""Gating a row against its further comparison rows (`Row.also_against`): cache + CP against the baseline too."""
+"""Judging a finished row: its verdict against its baseline, the caching-off and sensitivity checks, its further
+comparison rows (`Row.also_against`: cache + CP against the baseline too), its proofs, and the audio noise floor."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+from ditgate.run import store
+from ditgate.run.hints import hint_for
 
 
 def judge_also(state, states: dict[str, Any], load: Callable, modality: str, *, dtype: str, floor, gates) -> None:
@@ -28,3 +32,66 @@ def judge_also(state, states: dict[str, Any], load: Callable, modality: str, *, 
     if also:
         state.verdict["also"] = also
         state.verdict["passed"] = bool(state.verdict["passed"]) and all(a["passed"] for a in also)
+
+
+def judge_row(runner, state) -> None:
+    """Gate `state`'s row against its baseline: the phase's verdict, the caching-off twin, the sensitivity
+    reference, the further comparison rows and the proofs; reasons go to `state.reasons`."""
+    from ditgate.gates.verdicts import evaluate, json_ready
+    from ditgate.run import cache_off, discrimination, proofs
+    from ditgate.run.rows import SENSITIVITY
+
+    row = state.row
+    if row.phase is None or not state.ran:
+        if state.result and state.result.get("status") == "error":
+            error = state.result["error"]
+            hint = hint_for(row.phase, error.get("message", ""), error)
+            state.reasons.append(error["message"] + (f" — {hint}" if hint else ""))
+        return
+    base = runner.states.get(row.baseline)
+    if base is None or not base.ran:
+        state.reasons.append(f"its baseline row {row.baseline!r} did not run")
+        return
+    load = lambda name, key: store.load_array(runner.run_dir, name, key)  # noqa: E731
+    latents = (load(base.row.name, "latents"), load(row.name, "latents"))
+    modality, gates = state.result["modality"], runner.gate_table()
+    audio = audio_floor(runner) if modality == "audio" else {}
+    verdict = evaluate(row.phase, modality, load(base.row.name, "output"), load(row.name, "output"),
+                       latents=latents if all(x is not None for x in latents) else None,
+                       noise=load(base.row.name, "noise"), dtype=runner.cfg.dtype,
+                       sample_rate=state.result.get("sample_rate"), floor=audio.get("used"),
+                       gates=gates)
+    state.verdict = verdict.to_dict() | ({"floor": json_ready(audio)} if audio else {})
+    state.reasons.extend(verdict.reasons)
+    cache_off.judge(state, base.row.name, runner.states.get(row.name + cache_off.SUFFIX), load, runner.cfg.dtype,
+                    gates)
+    discrimination.judge(state, base.row.name, runner.states.get(SENSITIVITY.name), load, modality,
+                         dtype=runner.cfg.dtype, floor=audio.get("used"), gates=gates)
+    judge_also(state, runner.states, load, modality, dtype=runner.cfg.dtype, floor=audio.get("used"),
+               gates=gates)
+    for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
+        state.proofs.append(proof.to_dict())
+        if not proof.passed:
+            state.reasons.append(f"{proof.feature} did not act: {proof.detail}")
+
+
+def audio_floor(runner) -> dict[str, Any]:
+    """The noise floor for audio rows: what the calibration row measured against the baseline, and the part of
+    it the gate uses (`used`, the `floor=` of gates.evaluate; None: the defaults of gates.json)."""
+    from ditgate.gates.calibration import gate_floor
+    from ditgate.metrics import audio_metrics, tensor_metrics
+    from ditgate.run.rows import BASELINE, CALIBRATION
+
+    calib, base = runner.states.get(CALIBRATION.name), runner.states.get(BASELINE.name)
+    if calib is None or base is None or not (calib.ran and base.ran) or any(
+            s.result.get("modality") != "audio" for s in (calib, base)):
+        return {"measured": None, "used": None,
+                "note": "no calibration row and baseline to measure the floor with: the defaults apply"}
+    if calib.measured is None:
+        load = lambda name, key: store.load_array(runner.run_dir, name, key)  # noqa: E731
+        calib.measured = audio_metrics(load(BASELINE.name, "output"), load(CALIBRATION.name, "output"),
+                                       base.result["sample_rate"])
+        latents = load(BASELINE.name, "latents"), load(CALIBRATION.name, "latents")
+        if all(x is not None for x in latents):  # shown next to the rows' latent checks, not a threshold
+            calib.measured["cosine"] = tensor_metrics(*latents)["cosine"]
+    return {"measured": calib.measured, "used": gate_floor(calib.measured, runner.gate_table()) or None}

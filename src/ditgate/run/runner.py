@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from ditgate.core import modular
 from ditgate.run import store
-from ditgate.run.hints import hint_for
+from ditgate.run.judge import audio_floor, judge_row
 from ditgate.core.errors import DitgateError
 from ditgate.core.request import Request
 from ditgate.run.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
@@ -317,8 +317,8 @@ class Runner:
         from ditgate.run import report
 
         for state in self.states.values():
-            self._judge(state)
-        self._audio_floor()  # the calibration row's measurement shows in the report even without an audio row gated
+            judge_row(self, state)
+        audio_floor(self)  # the calibration row's measurement shows in the report even without an audio row gated
         if self.cfg.diff:
             from ditgate.run.diff import diagnose
 
@@ -337,47 +337,7 @@ class Runner:
                             wall_s=round(time.perf_counter() - self._start, 2), profile=self.profile,
                             profile_note=note)
 
-    def _judge(self, state: RowState) -> None:
-        from ditgate.gates.verdicts import evaluate, json_ready
-        from ditgate.run import cache_off, discrimination, proofs
-        from ditgate.run.rows import SENSITIVITY
-
-        row = state.row
-        if row.phase is None or not state.ran:
-            if state.result and state.result.get("status") == "error":
-                error = state.result["error"]
-                hint = hint_for(row.phase, error.get("message", ""), error)
-                state.reasons.append(error["message"] + (f" — {hint}" if hint else ""))
-            return
-        base = self.states.get(row.baseline)
-        if base is None or not base.ran:
-            state.reasons.append(f"its baseline row {row.baseline!r} did not run")
-            return
-        load = lambda name, key: store.load_array(self.run_dir, name, key)  # noqa: E731
-        latents = (load(base.row.name, "latents"), load(row.name, "latents"))
-        modality = state.result["modality"]
-        audio = self._audio_floor() if modality == "audio" else {}
-        verdict = evaluate(row.phase, modality, load(base.row.name, "output"), load(row.name, "output"),
-                           latents=latents if all(x is not None for x in latents) else None,
-                           noise=load(base.row.name, "noise"), dtype=self.cfg.dtype,
-                           sample_rate=state.result.get("sample_rate"), floor=audio.get("used"),
-                           gates=self._gates())
-        state.verdict = verdict.to_dict() | ({"floor": json_ready(audio)} if audio else {})
-        state.reasons.extend(verdict.reasons)
-        cache_off.judge(state, base.row.name, self.states.get(row.name + cache_off.SUFFIX), load, self.cfg.dtype,
-                        self._gates())
-        discrimination.judge(state, base.row.name, self.states.get(SENSITIVITY.name), load, modality,
-                             dtype=self.cfg.dtype, floor=audio.get("used"), gates=self._gates())
-        from ditgate.run.judge import judge_also
-
-        judge_also(state, self.states, load, modality, dtype=self.cfg.dtype, floor=audio.get("used"),
-                   gates=self._gates())
-        for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
-            state.proofs.append(proof.to_dict())
-            if not proof.passed:
-                state.reasons.append(f"{proof.feature} did not act: {proof.detail}")
-
-    def _gates(self) -> dict | None:
+    def gate_table(self) -> dict | None:
         """The run's own gate table (`gates=`), read once; None: gates.json."""
         if self.cfg.gates and not hasattr(self, "_gate_table"):
             from ditgate.gates.verdicts import load_gates
@@ -385,26 +345,6 @@ class Runner:
             self._gate_table = load_gates(self.cfg.gates)
         return getattr(self, "_gate_table", None)
 
-    def _audio_floor(self) -> dict[str, Any]:
-        """The noise floor for audio rows: what the calibration row measured against the baseline, and the part of
-        it the gate uses (`used`, the `floor=` of gates.evaluate; None: the defaults of gates.json)."""
-        from ditgate.gates.calibration import gate_floor
-        from ditgate.metrics import audio_metrics, tensor_metrics
-        from ditgate.run.rows import BASELINE, CALIBRATION
-
-        calib, base = self.states.get(CALIBRATION.name), self.states.get(BASELINE.name)
-        if calib is None or base is None or not (calib.ran and base.ran) or any(
-                s.result.get("modality") != "audio" for s in (calib, base)):
-            return {"measured": None, "used": None,
-                    "note": "no calibration row and baseline to measure the floor with: the defaults apply"}
-        if calib.measured is None:
-            load = lambda name, key: store.load_array(self.run_dir, name, key)  # noqa: E731
-            calib.measured = audio_metrics(load(BASELINE.name, "output"), load(CALIBRATION.name, "output"),
-                                           base.result["sample_rate"])
-            latents = load(BASELINE.name, "latents"), load(CALIBRATION.name, "latents")
-            if all(x is not None for x in latents):  # shown next to the rows' latent checks, not a threshold
-                calib.measured["cosine"] = tensor_metrics(*latents)["cosine"]
-        return {"measured": calib.measured, "used": gate_floor(calib.measured, self._gates()) or None}
 
 
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None) -> dict[str, Any]:
