@@ -210,7 +210,37 @@ class _SdpaRecorder(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class Probe:
+class HookedRecorder:
+    """A context manager that installs forward hooks on `self._modules` (`_install(name, module)`) and a torch
+    function mode (`self._mode`) on entry, and removes both on exit."""
+
+    _modules: dict[str, torch.nn.Module]
+    _handles: list
+    _mode: TorchFunctionMode
+
+    def _install(self, name: str, module: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        for name, module in self._modules.items():
+            self._install(name, module)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, module, pre=None, post=None) -> None:
+        if pre is not None:
+            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        if post is not None:
+            self._handles.append(module.register_forward_hook(post, with_kwargs=True))
+
+
+class Probe(HookedRecorder):
     """Context manager over `{name: transformer}`: `with Probe(transformers) as probe: pipe(...)`, then read
     `probe.transformers` (one `TransformerRecord` per name) and `probe.step_calls`."""
 
@@ -224,24 +254,6 @@ class Probe:
         self.step_calls: list[int] = []  # transformer calls counted at each step end (when the pipeline reports)
 
     # -- installation ---------------------------------------------------------------------------------------
-    def __enter__(self) -> "Probe":
-        for name, module in self._modules.items():
-            self._install(name, module)
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def _hook(self, module, pre=None, post=None):
-        if pre is not None:
-            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        if post is not None:
-            self._handles.append(module.register_forward_hook(post, with_kwargs=True))
-
     def _install(self, name: str, transformer: torch.nn.Module) -> None:
         record = self.transformers[name]
         lists = block_lists(transformer)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ditgate.inspect.observe import block_lists, is_attention_module
+from ditgate.inspect.observe import HookedRecorder, block_lists, is_attention_module
 
 _CHUNKS = {torch.Tensor.chunk, torch.chunk, torch.Tensor.split, torch.split, torch.Tensor.unbind, torch.unbind,
            torch.Tensor.tensor_split, torch.tensor_split}
@@ -103,7 +103,7 @@ class _Mode(TorchFunctionMode):
         return out
 
 
-class Trace:
+class Trace(HookedRecorder):
     """Context manager over `{name: transformer}`, used together with `Probe` for one pipeline call."""
 
     def __init__(self, transformers: dict[str, torch.nn.Module], probe=None):
@@ -125,24 +125,9 @@ class Trace:
         self._last_block = ""  # the last block that ran in the first call
         self._blocks: set[int] = set()  # ids of the blocks currently running
 
-    def __enter__(self) -> "Trace":
-        for name, module in self._modules.items():
-            self._install(name, module)
-        self._mode.__enter__()
-        return self
-
     def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        super().__exit__(*exc)
         self._taint.clear()
-
-    def _hook(self, module, pre=None, post=None) -> None:
-        if pre is not None:
-            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        if post is not None:
-            self._handles.append(module.register_forward_hook(post, with_kwargs=True))
 
     def _in_first_step(self) -> bool:
         return not (self._probe is not None and self._probe.step_calls) and self._calls <= 8
