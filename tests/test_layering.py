@@ -7,6 +7,7 @@ dependency). The order is the README's layout section; `skill` sits beside the s
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,7 @@ def test_the_checker_sees_a_planted_violation(tmp_path, monkeypatch):
     (fake / "run" / "loop.py").write_text("from ditgate.run import runner\n")
     (fake / "run" / "back.py").write_text("from ditgate.run import loop\n")
     (fake / "run" / "__init__.py").write_text("")
-    monkeypatch.setattr(__import__(__name__), "SRC", fake)
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
     with pytest.raises(AssertionError, match="ditgate.metrics.bad imports ditgate.run.runner"):
         test_lower_packages_never_import_higher_ones()
     (fake / "run" / "runner.py").write_text("from ditgate.run import back\n")

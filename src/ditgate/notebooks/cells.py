@@ -141,11 +141,11 @@ def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", he
 
     device = resolve_device(device)
     dtype = acceptance.matrix_dtype(dtype, device)
-    warmup, repeats = (1 if warmup < 0 else warmup), (repeats or 3)
-    acceptance.check_options(tier.upper(), device, warmup, repeats, 1)
+    warmup, repeats, tier = (1 if warmup < 0 else warmup), (repeats or 3), tier.upper()
+    acceptance.check_options(tier, device, warmup, repeats, 1)
     request = _request(resolve(model), height, width, frames, steps)
-    chosen, profile, note = acceptance.plan_rows(model, request, dtype, tier.upper(), rows=rows or None)
-    acceptance.run_matrix(model, chosen, profile, note, request=request, tier=tier.upper(),
+    chosen, profile, note = acceptance.plan_rows(model, request, dtype, tier, rows=rows or None)
+    acceptance.run_matrix(model, chosen, profile, note, request=request, tier=tier,
                           out=Path(out_dir) / "perf_matrix", dtype=dtype, device=device, warmup=warmup,
                           repeats=repeats, timeout=timeout)  # a failed row is in matrix.json; errors raise
     return json.loads((Path(out_dir) / "perf_matrix" / "matrix.json").read_text())

@@ -79,8 +79,8 @@ def run_matrix(model: str, chosen: list[Row], profile: Any, note: str | None, *,
                out: Path | None, dtype: str, device: str, warmup: int, repeats: int, threads: int = 1,
                pipeline: str | None = None, trust_remote_code: bool = False, timeout: float = 600.0,
                resume: bool = False) -> tuple[dict[str, Any], Path]:
-    """Run the matrix rows; write matrix.md, matrix.json and the plot into the run folder; (matrix data, folder)."""
-    check_options(tier, device, warmup, repeats, threads)
+    """Run the matrix rows; write matrix.md, matrix.json and the plot into the run folder; (matrix data, folder).
+    Callers refuse bad options first (`check_options`), before the FLOP profile is counted."""
     cfg = RunConfig(model=model, rows=chosen, request=request, out=out, dtype=dtype, device=device,
                     pipeline=pipeline, trust_remote_code=trust_remote_code, timeout=timeout,
                     resume=resume, warmup=warmup, repeats=repeats)
