@@ -212,7 +212,11 @@ def test_tensor_rule_applies_to_exact_phases_in_float32_only():
     verdict = gates.evaluate("cp", "image", image, image, latents=(base, cand))
     assert not verdict.passed
     assert verdict.metrics["max_abs"] == pytest.approx(1e-3, rel=1e-3)
-    assert "latent max-abs error 1.00e-03 is not <= 0.0001" in verdict.reasons
+    limit = 1e-4 * float(np.abs(base).max())  # the rule is relative to the baseline latents' largest magnitude
+    check = next(c for c in verdict.checks if c.metric == "max_abs")
+    assert check.threshold == pytest.approx(limit) and "max |baseline latents|" in check.source
+    assert f"latent max-abs error 1.00e-03 is not <= {limit:g}" in verdict.reasons
+    assert gates.evaluate("cp", "image", image, image, latents=(base * 100, base * 100 + np.float32(50 * limit))).passed
     assert gates.evaluate("cp", "image", image, image, latents=(base, cand), dtype="bf16").passed
     assert gates.evaluate("cp", "image", image, image, latents=(base, base + np.float32(1e-6))).passed
     assert gates.evaluate("cp", "latent", base, base).passed
@@ -268,7 +272,7 @@ def test_audio_gate_uses_the_floor_defaults_and_a_calibrated_floor():
         gates.evaluate("cp", "audio", base, cand, sample_rate=SR, floor={"psnr": 30.0})
     with pytest.raises(GateInputError, match="not a finite number"):
         gates.evaluate("cp", "audio", base, cand, sample_rate=SR, floor={"si_sdr": math.inf})
-    with pytest.raises(GateInputError, match="audio"):
+    with pytest.raises(GateInputError, match="image floors exist"):
         gates.evaluate("cp", "image", smooth(), smooth(), floor={"si_sdr": 1.0})
 
 

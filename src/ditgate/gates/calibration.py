@@ -49,7 +49,7 @@ class OutputNoise:
         self.generator.manual_seed(self.seed)
         self.calls = 0
 
-    def attach(self, pipe) -> "OutputNoise":
+    def attach(self, pipe) -> OutputNoise:
         from ditgate.core.components import transformers_of
 
         for module in transformers_of(pipe).values():
@@ -106,3 +106,17 @@ def gate_floor(measured: dict[str, float | None], gates: dict | None = None) -> 
     # looser: the measured value is kept where the default check would reject it (it is the wider threshold)
     return {c["metric"]: floor[c["metric"]] for c in rule["checks"]
             if c["metric"] in floor and not OPS[c["op"]](floor[c["metric"]], c["value"])}
+
+
+def reduced_precision(dtype: Any, gates: dict | None = None) -> bool:
+    """Whether a run in `dtype` is outside `rules.tensor.dtypes` (bfloat16, float16): its exact phases are not exact."""
+    from ditgate.gates.verdicts import load_gates, normalize_dtype
+
+    gates = load_gates() if gates is None else gates
+    return normalize_dtype(dtype) not in gates["rules"]["tensor"]["dtypes"]
+
+
+def uses_floor(modality: str | None, dtype: Any, gates: dict | None = None) -> bool:
+    """Whether a gated row of `modality` in a run of `dtype` is judged against the calibration row's floor: audio
+    always (rules.audio.calibration), every modality in reduced precision (rules.reduced_precision)."""
+    return modality == "audio" or (modality is not None and reduced_precision(dtype, gates))

@@ -5,10 +5,12 @@ applies, in this order:
 1. the phase's checks for the modality (`phases.<phase>.modalities.<modality>.checks`);
 2. image and video: the region rule (worst-tile SSIM on a `rules.region.grid` split) and the garbled rule
    (PSNR >= `psnr_at_least` while SSIM < `ssim_below`, per image or frame);
-3. audio: `rules.audio.checks`, each value replaced by the calibrated noise floor when `floor` gives one
-   (`ditgate.gates.calibration.gate_floor` turns a measured floor into this argument as `rules.audio.calibration` says);
+3. audio: `rules.audio.checks`; for every modality, a threshold that `floor` names is replaced by its value (the
+   calibrated noise floor: `ditgate.gates.calibration.gate_floor` turns a measured audio floor into this argument
+   as `rules.audio.calibration` says, `ditgate.gates.floor.thresholds` a reduced-precision one);
 4. latents (the modality "latent", or `latents=` given with another modality): the phase's latent checks, plus
-   `rules.tensor.checks` when the phase is exact and `dtype` is one of `rules.tensor.dtypes`. Audio latents get
+   `rules.tensor.checks` when the phase is exact and `dtype` is one of `rules.tensor.dtypes` (a check with
+   `scale: baseline_max_abs` is relative: its threshold is value x the largest magnitude of the baseline latents). Audio latents get
    the tensor rule in that case and `rules.audio.latent_checks` in every other, never the phase's latent checks;
    an audio verdict lists its latent checks first.
 A candidate holding NaN or Inf fails with that reason; a baseline that does, mismatched shapes, an unknown phase or
@@ -191,7 +193,7 @@ def format_value(metric: str, value: float | None, threshold: bool = False) -> s
     return f"{text} dB" if metric in _DECIBELS else text
 
 
-def _normalize_dtype(dtype: Any) -> str:
+def normalize_dtype(dtype: Any) -> str:
     key = str(dtype).lower()
     if key not in _DTYPE_ALIASES:
         raise GateInputError(f"unknown dtype {dtype!r}; use one of float32, float16, bfloat16, float64")
@@ -209,21 +211,36 @@ def _latent_checks(gates: dict, spec: dict, dtype: str, modality: str) -> list[d
     return checks
 
 
-def _audio_checks(gates: dict, spec: dict, floor: dict | None) -> list[dict]:
-    defaults = gates["rules"]["audio"]["checks"]
+def _floored(checks: list[dict], floor: dict | None, modality: str) -> list[dict]:
+    """`checks` with each threshold that `floor` names replaced by the floor's value (source FLOOR_SOURCE)."""
     floor = dict(floor or {})
-    unknown = set(floor) - {c["metric"] for c in defaults}
+    unknown = set(floor) - {c["metric"] for c in checks}
     if unknown:
-        raise GateInputError(f"floor names {sorted(unknown)}; audio floors exist for "
-                             f"{sorted(c['metric'] for c in defaults)}")
+        raise GateInputError(f"floor names {sorted(unknown)}; {modality} floors exist for "
+                             f"{sorted(c['metric'] for c in checks)}")
     for metric, value in floor.items():
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             raise GateInputError(
                 f"floor {metric} = {value!r} is not a finite number: a calibration rerun identical to the baseline "
                 "measures no noise floor; leave it out to keep the default")
-    replaced = [dict(c, value=float(floor[c["metric"]]), source=FLOOR_SOURCE) if c["metric"] in floor else c
-                for c in defaults]
-    return list(spec["modalities"].get("audio", {}).get("checks", [])) + replaced
+    return [dict(c, value=float(floor[c["metric"]]), source=FLOOR_SOURCE) if c["metric"] in floor else c
+            for c in checks]
+
+
+def _audio_checks(gates: dict, spec: dict, floor: dict | None) -> list[dict]:
+    return list(spec["modalities"].get("audio", {}).get("checks", [])) + _floored(
+        gates["rules"]["audio"]["checks"], floor, "audio")
+
+
+def _scaled(check: dict, baseline_latents: Any) -> dict:
+    """A tensor-rule check whose value is relative (`scale`: baseline_max_abs) as the absolute threshold it sets."""
+    if check.get("scale") != "baseline_max_abs":
+        return check
+    import numpy as np
+
+    scale = float(np.abs(np.asarray(baseline_latents, dtype=np.float64)).max(initial=0.0))
+    return dict(check, value=float(check["value"]) * scale,
+                source=f"{check['value']:g} x max |baseline latents| ({scale:.4g}): {check['source']}")
 
 
 def _check(check: dict, value: float | None) -> CheckResult:
@@ -268,15 +285,19 @@ def _select_checks(gates: dict, phase: str, modality: str, has_latents: bool, dt
                    floor: dict | None, noise: Any) -> tuple[list[dict], list[dict]]:
     """(checks on the output, checks on the latents) that apply; raise when none can or one lacks its input."""
     spec = gates["phases"][phase]
+    latent_names = set(METRICS["latent"]) | {"disp_rel_error"}
+    on_output = {k: v for k, v in (floor or {}).items() if k not in latent_names}
     if modality in ("image", "video"):
         if modality not in spec["modalities"]:
             raise GateInputError(f"phase {phase} has no gate for modality {modality}")
-        output_checks = spec["modalities"][modality]["checks"] + gates["rules"]["region"]["checks"]
+        output_checks = _floored(spec["modalities"][modality]["checks"] + gates["rules"]["region"]["checks"],
+                                 on_output, modality)
     elif modality == "audio":
-        output_checks = _audio_checks(gates, spec, floor)
+        output_checks = _audio_checks(gates, spec, on_output)
     else:
         output_checks = []
     latent_checks = _latent_checks(gates, spec, dtype, modality) if has_latents else []
+    latent_checks = _floored(latent_checks, {k: v for k, v in (floor or {}).items() if k in latent_names}, "latent")
     if modality == "latent" and not latent_checks:
         raise GateInputError(f"phase {phase} has no latent gate (no latent checks, and the tensor rule applies to "
                              f"exact phases in {', '.join(gates['rules']['tensor']['dtypes'])} only)")
@@ -297,15 +318,15 @@ def evaluate(phase: str, modality: str, baseline: Any, candidate: Any, *, latent
         raise GateInputError(f"unknown phase {phase!r}; gates.json has {', '.join(gates['phases'])}")
     if modality not in MODALITIES:
         raise GateInputError(f"unknown modality {modality!r}; use one of {', '.join(MODALITIES)}")
-    if floor and modality != "audio":
-        raise GateInputError("floor= is the audio noise floor; it does not apply to modality " + modality)
+    if floor and modality == "latent":
+        raise GateInputError("floor= sets thresholds of the output checks; the latent modality has none")
     if modality == "latent" and latents is not None:
         raise GateInputError("for modality latent pass the latents as baseline and candidate, not latents=")
     if latents is not None and len(latents) != 2:
         raise GateInputError("latents must be a pair (baseline_latents, candidate_latents)")
     latent_pair = (baseline, candidate) if modality == "latent" else latents
     output_checks, latent_checks = _select_checks(gates, phase, modality, latent_pair is not None,
-                                                  _normalize_dtype(dtype), floor, noise)
+                                                  normalize_dtype(dtype), floor, noise)
 
     values: dict[str, float | None] = {}
     reasons: list[str] = []
@@ -330,6 +351,8 @@ def evaluate(phase: str, modality: str, baseline: Any, candidate: Any, *, latent
             reasons.append(f"output contains {exc.kind}" if modality == "latent"
                            else f"candidate latents contain {exc.kind}")
     broken = bool(reasons)  # only non-finite outputs have added a reason so far
+    if latent_pair is not None:
+        latent_checks = [_scaled(c, latent_pair[0]) for c in latent_checks]
 
     results: list[CheckResult] = []
     ordered = latent_checks + output_checks if modality == "audio" else output_checks + latent_checks
@@ -348,3 +371,6 @@ def evaluate(phase: str, modality: str, baseline: Any, candidate: Any, *, latent
         if reason:
             reasons.append(reason)
     return Verdict(phase, modality, all(r.passed for r in results) and not broken, values, results, reasons)
+
+
+_normalize_dtype = normalize_dtype  # the name ditgate.run.diff imports

@@ -56,6 +56,7 @@ class Outcome:
     facts: dict[str, Any] = field(default_factory=dict)
     sample_rate: int | None = None  # audio: samples per second of `output` (the VAE's sampling rate)
     overhead: dict[str, float] = field(default_factory=dict)  # seconds outside the pipeline calls (see run_row)
+    first_step: np.ndarray | None = None  # the transformer's output at its first call (ditgate.gates.first_step)
 
 
 def cache_config(row: Row, steps: int | None):
@@ -275,9 +276,9 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
     try:
         stage("apply")
         target = apply(row, pipe, integration, request)
-        probes.attach(pipe, compiled=bool(row.compile))
-        if row.perturb is not None:
+        if row.perturb is not None:  # before the probes: their output hook records the perturbed output
             perturbation = OutputNoise(row.perturb, request.seed).attach(pipe)
+        probes.attach(pipe, compiled=bool(row.compile))
         for i in range(warmup + repeats):
             stage("compile" if row.compile and i == 0 else "generate")
             probes.reset()
@@ -314,7 +315,8 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
                        latents=None if probes.latents is None else probes.latents.numpy(),
                        noise=None if start_noise is None else start_noise.numpy(),
                        times=times, peak_memory=_peak_memory(device, pristine.resident_bytes if pristine else 0),
-                       facts=facts, overhead=overhead)
+                       facts=facts, overhead=overhead,
+                       first_step=None if probes.first_output is None else probes.first_output.numpy())
     finally:
         probes.detach()
         if perturbation is not None:
@@ -368,7 +370,8 @@ def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
     if outcome.modality == "audio" and outcome.sample_rate and np.isfinite(outcome.output).all():
         files[WAV_FILE] = audio.wav_bytes(outcome.output, outcome.sample_rate)
     store.save_row(run_dir, row.name, result,
-                   {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise}, files)
+                   {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise,
+                    "first_step": outcome.first_step}, files)
     return result
 
 

@@ -1,17 +1,21 @@
 """Judging a finished row: its verdict against its baseline, the caching-off and sensitivity checks, its further
-comparison rows (`Row.also_against`: cache + CP against the baseline too), its proofs, and the audio noise floor."""
+comparison rows (`Row.also_against`: cache + CP against the baseline too), its proofs, and the noise floor (audio;
+every modality in reduced precision: ditgate.run.reduced_floor)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ditgate.run import store
+from ditgate.gates.calibration import reduced_precision
+from ditgate.run import reduced_floor, store
 from ditgate.run.hints import hint_for
 
 
-def judge_also(state, states: dict[str, Any], load: Callable, modality: str, *, dtype: str, floor, gates) -> None:
+def judge_also(state, states: dict[str, Any], load: Callable, modality: str, *, dtype: str, floor_of: Callable,
+               gates) -> None:
     """Add one verdict per further row to `state.verdict["also"]` and its reasons to `state.reasons`; the row
-    passes only when every verdict passes."""
+    passes only when every verdict passes. `floor_of(phase)`: the `floor=` of that phase's gate."""
     from ditgate.gates.verdicts import evaluate
 
     also = []
@@ -25,7 +29,7 @@ def judge_also(state, states: dict[str, Any], load: Callable, modality: str, *, 
             verdict = evaluate(phase, modality, load(name, "output"), load(state.row.name, "output"),
                                latents=latents if all(x is not None for x in latents) else None,
                                noise=load(name, "noise"), dtype=dtype, sample_rate=state.result.get("sample_rate"),
-                               floor=floor, gates=gates)
+                               floor=floor_of(phase), gates=gates)
             also.append({"against": name, "phase": phase, "passed": verdict.passed,
                          "metrics": verdict.to_dict().get("metrics"), "reasons": list(verdict.reasons)})
         state.reasons += [f"against {name} ({phase} gate): {r}" for r in also[-1]["reasons"]]
@@ -52,23 +56,29 @@ def judge_row(runner, state) -> None:
     if base is None or not base.ran:
         state.reasons.append(f"its baseline row {row.baseline!r} did not run")
         return
-    load = lambda name, key: store.load_array(runner.run_dir, name, key)  # noqa: E731
+    load = lambda name, key: store.load_array(runner.run_dir, name, key)
     latents = (load(base.row.name, "latents"), load(row.name, "latents"))
     modality, gates = state.result["modality"], runner.gate_table()
-    audio = audio_floor(runner) if modality == "audio" else {}
+    if reduced_precision(runner.cfg.dtype, gates):
+        floor = reduced_floor.row_floor(runner, row.phase, modality)
+    else:
+        floor = audio_floor(runner) if modality == "audio" else {}
     verdict = evaluate(row.phase, modality, load(base.row.name, "output"), load(row.name, "output"),
                        latents=latents if all(x is not None for x in latents) else None,
                        noise=load(base.row.name, "noise"), dtype=runner.cfg.dtype,
-                       sample_rate=state.result.get("sample_rate"), floor=audio.get("used"),
+                       sample_rate=state.result.get("sample_rate"), floor=floor.get("used"),
                        gates=gates)
-    state.verdict = verdict.to_dict() | ({"floor": json_ready(audio)} if audio else {})
+    state.verdict = verdict.to_dict() | ({"floor": json_ready(floor)} if floor else {})
     state.reasons.extend(verdict.reasons)
+    if reduced_precision(runner.cfg.dtype, gates):
+        reduced_floor.judge_exact(runner, state, base.row.name, load)
     cache_off.judge(state, base.row.name, runner.states.get(row.name + cache_off.SUFFIX), load, runner.cfg.dtype,
                     gates)
     discrimination.judge(state, base.row.name, runner.states.get(SENSITIVITY.name), load, modality,
-                         dtype=runner.cfg.dtype, floor=audio.get("used"), gates=gates)
-    judge_also(state, runner.states, load, modality, dtype=runner.cfg.dtype, floor=audio.get("used"),
-               gates=gates)
+                         dtype=runner.cfg.dtype, floor=floor.get("used"), gates=gates)
+    judge_also(state, runner.states, load, modality, dtype=runner.cfg.dtype, gates=gates,
+               floor_of=lambda phase: (reduced_floor.row_floor(runner, phase, modality)
+                                       if reduced_precision(runner.cfg.dtype, gates) else floor).get("used"))
     for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
         state.proofs.append(proof.to_dict())
         if not proof.passed:
@@ -88,7 +98,7 @@ def audio_floor(runner) -> dict[str, Any]:
         return {"measured": None, "used": None,
                 "note": "no calibration row and baseline to measure the floor with: the defaults apply"}
     if calib.measured is None:
-        load = lambda name, key: store.load_array(runner.run_dir, name, key)  # noqa: E731
+        load = lambda name, key: store.load_array(runner.run_dir, name, key)
         calib.measured = audio_metrics(load(BASELINE.name, "output"), load(CALIBRATION.name, "output"),
                                        base.result["sample_rate"])
         latents = load(BASELINE.name, "latents"), load(CALIBRATION.name, "latents")

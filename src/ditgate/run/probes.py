@@ -2,7 +2,8 @@
 
 They prove that a feature acted: how often the last block of each block list ran (cache skips blocks), the
 shapes of what the first block of each list returns (context parallelism divides one dimension of them), how many
-calls each transformer gets, how often the VAE decoder ran (VAE parallelism splits tiles), the initial noise and the final latents.
+calls each transformer gets, how often the VAE decoder ran (VAE parallelism splits tiles), the initial noise, the
+transformer's output at its first call (the first-step check of ditgate.gates.first_step) and the final latents.
 The noise is the first transformer input, so for a scheduler that scales its input (EDM's c_in) it is the
 scaled noise the model saw. They also time the transformer calls (CUDA events on a GPU, so nothing waits for the device), which tells how much
 of a pipeline call a transformer speedup can act on.
@@ -32,6 +33,16 @@ def _first_tensor(args, kwargs) -> torch.Tensor | None:
     return None
 
 
+def _output_tensor(output) -> torch.Tensor | None:
+    """The prediction a transformer returned: a tensor, the first of a tuple, or a BaseOutput's `sample`."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    sample = getattr(output, "sample", None)
+    return sample if isinstance(sample, torch.Tensor) else None
+
+
 @dataclass
 class Probes:
     """Counters and captures of one pipeline call; `facts()` is what gets stored in the row result."""
@@ -44,6 +55,7 @@ class Probes:
     decoder_calls: int = 0
     noise: torch.Tensor | None = None
     latents: torch.Tensor | None = None
+    first_output: torch.Tensor | None = None  # what the first transformer call returned (its first tensor)
     _handles: list = field(default_factory=list)
     _spans: list = field(default_factory=list)  # (start, end) of each transformer call: perf_counter or CUDA events
 
@@ -54,7 +66,7 @@ class Probes:
         self.block_shapes.clear()
         self.calls_by_transformer = {k: 0 for k in self.calls_by_transformer}
         self.transformer_calls = self.decoder_calls = 0
-        self.noise = self.latents = None
+        self.noise = self.latents = self.first_output = None
         self._spans.clear()
 
     def attach(self, pipe, compiled: bool = False) -> "Probes":
@@ -87,6 +99,9 @@ class Probes:
         self._spans.append([_now(first), None])
 
     def _after_transformer(self, module, args, output):
+        if self.first_output is None:
+            first = _output_tensor(output)
+            self.first_output = None if first is None else first.detach().float().cpu().clone()
         if self._spans and self._spans[-1][1] is None:
             self._spans[-1][1] = _now(self._spans[-1][0])
 

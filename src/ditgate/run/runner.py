@@ -224,11 +224,14 @@ class Runner:
                 torch.cuda.empty_cache()
 
     def _calibrate(self) -> None:
-        """Run the calibration row when a gated audio row ran and the run has none yet (see ditgate.gates.calibration)."""
+        """Run the calibration row when a gated row uses its floor (an audio row, or any row of a run in reduced
+        precision) and the run has none yet (see ditgate.gates.calibration.uses_floor)."""
+        from ditgate.gates.calibration import uses_floor
         from ditgate.run.rows import CALIBRATION
 
         if CALIBRATION.name in self.states or not any(
-                s.ran and s.row.phase and s.result.get("modality") == "audio" for s in self.states.values()):
+                s.ran and s.row.phase and uses_floor(s.result.get("modality"), self.cfg.dtype, self.gate_table())
+                for s in self.states.values()):
             return
         self.states[CALIBRATION.name] = RowState(CALIBRATION)
         done = _done(self.run_dir, CALIBRATION, self.cfg.resume)

@@ -4,6 +4,7 @@
     RUN/rows/NAME/output.npy          decoded output (image HWC, video FHWC, audio CS), float32
     RUN/rows/NAME/latents.npy         final latents (after the last step), when the pipeline exposes them
     RUN/rows/NAME/noise.npy           initial noise (the first transformer input, one copy of a batched-CFG input)
+    RUN/rows/NAME/first_step.npy      the transformer's output at its first call (the first-step check)
     RUN/rows/NAME/output.wav          audio rows: the waveform as 16-bit PCM at the VAE's sample rate (to listen to)
     RUN/rows/NAME/result.json         written last: its presence means the row finished
     RUN/report.json, report.md, grid.png
