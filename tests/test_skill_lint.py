@@ -135,6 +135,64 @@ def test_link_leaving_the_installed_skill(skill, target):
     assert [f.line for f in report.findings if f.rule == "portable"] == [16]
 
 
+@pytest.mark.parametrize("path, expected", [
+    ("examples/plugins/flux_as_new.py", 'relative to the skill\'s folder, so the fence runs only from there; write'
+                                        ' "$SKILL_DIR/examples/plugins/flux_as_new.py"'),
+    ('"$SKILL_DIR/scripts/run.sh"', "is not in an installed copy, which holds only SKILL.md, references"),
+])
+def test_runnable_fence_paths_run_from_any_folder(skill, path, expected):
+    (skill / "examples" / "plugins").mkdir(parents=True)
+    (skill / "examples" / "plugins" / "flux_as_new.py").write_text("x = 1\n")
+    (skill / "scripts").mkdir()
+    (skill / "scripts" / "run.sh").write_text("true\n")      # in the source tree, not in an installed copy
+    edit(skill / "SKILL.md", "ditgate lint --json\n",
+         f"ditgate lint --json\nditgate run zoo:flux --integration {path}\n")
+    [finding] = only(lint(skill), "portable")
+    assert finding.line == 41 and expected in finding.message, finding.format()
+
+
+def test_runnable_fence_path_that_does_not_resolve_in_the_installed_copy(skill):
+    (skill / "examples" / "plugins").mkdir(parents=True)
+    (skill / "examples" / "plugins" / "flux_as_new.py").write_text("x = 1\n")
+    edit(skill / "SKILL.md", "ditgate lint --json\n", 'ditgate lint --json\n'
+         'ditgate run zoo:flux --integration "$SKILL_DIR/examples/plugins/flux_as_new.py" --rows cache\n')
+    assert lint(skill).findings == []
+    edit(skill / "SKILL.md", "plugins/flux_as_new.py", "plugins/flux_as_old.py")
+    [finding] = only(lint(skill), "route")
+    assert finding.line == 41
+    assert "`examples/plugins/flux_as_old.py` is named here but does not exist" in finding.message
+
+
+# --- reading path -------------------------------------------------------------------------------------------------
+
+ROUTES = """## Routes
+| # | The user wants | Read first | Run first |
+|---|---|---|---|
+| 1 | A new model | [cache.md](references/cache.md) | `ditgate run MODEL --rows cache` |
+| 2 | An audio model | [audio.md](references/audio.md), then route 1 | `ditgate run MODEL --rows calibration` |
+
+## Phases
+"""
+
+
+def test_reading_path_per_route_and_its_budget(skill):
+    edit(skill / "SKILL.md", "## Phases\n", ROUTES)
+    report = lint(skill)
+    assert report.findings == []
+    skill_lines = len((skill / "SKILL.md").read_text().splitlines())
+    assert [(r.number, r.pages) for r in report.routes] == [
+        ("1", {"SKILL.md": skill_lines, "references/cache.md": 5}),
+        ("2", {"SKILL.md": skill_lines, "references/audio.md": 3, "references/cache.md": 5})]
+    with (skill / "references" / "cache.md").open("a") as f:
+        f.write("## Long tail\n" + "more\n" * 600)
+    findings = only(lint(skill), "reading")
+    assert [(f.line, f.message.split(":")[0]) for f in findings] == [(18, "route 1"), (19, "route 2")]
+    assert "lines (SKILL.md " in findings[0].message and "the budget is 600" in findings[0].message
+    edit(skill / "SKILL.md", "| [cache.md](references/cache.md) |", "| [cache.md](references/cache.md#gate) |")
+    report = lint(skill)                   # only the linked section is read: its heading to the next one
+    assert report.findings == [] and report.routes[0].pages["references/cache.md#gate"] == 3
+
+
 # --- routes, reachability, phase files ------------------------------------------------------------------------------
 
 def test_unreachable_reference(skill):
@@ -257,6 +315,37 @@ def test_api_names_must_exist(skill, old, new, expected):
     edit(skill / "SKILL.md", old, new)
     findings = only(lint(skill), "api")
     assert len(findings) == 1 and expected in findings[0].message, [f.format() for f in findings]
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("import cache_dit\n", 'import cache_dit\nq = cache_dit.QuantizeConfig(quant_type="bnb_4bit")\n',
+     "`quant_type='bnb_4bit'` is not a value cache-dit accepts (choose from float8_per_row"),
+    ("import cache_dit\n", 'import cache_dit\nq = cache_dit.QuantizeConfig(backend="bitsandbytes")\n',
+     "`backend='bitsandbytes'` names no member of QuantizeBackend"),
+    ("The gate table is", '`ring_rotate_method="ring"` is not. The gate table is',
+     "`ring_rotate_method='ring'` is not a value cache-dit accepts (choose from allgather, p2p)"),
+    ("ditgate lint --json\n", "ditgate lint --json\ncache-dit-generate flux --q-type bnb_4bit\n",
+     "argument --quantize-type/--q-type: invalid choice: 'bnb_4bit'"),
+    ("The gate table is", "`torchrun --nproc_per_node=2 -m cache_dit.generate flux --parallel ulyses` The",
+     "invalid choice: 'ulyses'"),
+    ("The gate table is", "`cache-dit-generate flux --cache --sumary` The gate table is",
+     "unrecognized arguments: --sumary"),
+])
+def test_values_and_cache_dit_command_lines_must_be_accepted(skill, old, new, expected):
+    """Strings and command-line choices are checked against the installed cache-dit, not a list kept here."""
+    edit(skill / "SKILL.md", old, new)
+    findings = only(lint(skill), "api")
+    assert len(findings) == 1 and expected in findings[0].message, [f.format() for f in findings]
+
+
+def test_the_right_values_pass(skill):
+    edit(skill / "SKILL.md", "import cache_dit\n",
+         'import cache_dit\nq = cache_dit.QuantizeConfig(quant_type="float8_per_row", backend="torchao")\n')
+    edit(skill / "SKILL.md", "ditgate lint --json\n",
+         "ditgate lint --json\ncache-dit-generate my_dit --quantize-type bitsandbytes_4bit --parallel ulysses\n")
+    edit(skill / "SKILL.md", "The gate table is",
+         '`quant_type="bitsandbytes_4bit"`, `ring_rotate_method="p2p"`. The gate table is')
+    assert lint(skill).findings == []
 
 
 def test_api_ignores_code_that_is_not_cache_dit_or_diffusers(skill):

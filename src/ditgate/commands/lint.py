@@ -40,5 +40,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         for finding in report.findings:
             print(finding.format())
+        for route in report.routes:
+            print(f"reading path: {route.describe()}")
         print(f"ditgate lint: {len(report.errors)} error(s), {len(report.warnings)} warning(s) in {report.root}")
     return 0 if report.ok else 1

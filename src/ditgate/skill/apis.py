@@ -5,7 +5,8 @@ name built on such an import (`cache_dit.enable_cache`, `ForwardPattern.Pattern_
 `from cache_dit import ForwardPattern`), and the keyword arguments of calls to them (when the callee takes no
 `**kwargs`); in inline code spans the same, with the imports of the file's Python fences in scope. Names are
 resolved by importing the module and `getattr`. Text that is not code is never checked, and neither are
-placeholder names (`MyModelPipeline`, `YourDiT`, `transformer_xxx`).
+placeholder names (`MyModelPipeline`, `YourDiT`, `transformer_xxx`). String values and cache-dit's command
+lines are checked too (`ditgate.skill.values`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from ditgate.skill.base import Problem, Skill
 from ditgate.skill.markdown import Document
+from ditgate.skill.values import check_generate_commands, wrong_assignments, wrong_keyword_values
 
 ROOTS = ("cache_dit", "diffusers")
 PYTHON_FENCES = ("python", "py", "python3")
@@ -161,6 +163,8 @@ class _CodeChecker(ast.NodeVisitor):
             if resolution.obj is not None:
                 for keyword in _unknown_keywords(resolution.obj, node):
                     self.found.append((node.lineno, f"`{dotted}` takes no argument `{keyword}`", False))
+                for message in wrong_keyword_values(resolution.obj, node):
+                    self.found.append((node.lineno, f"`{dotted}`: {message}", False))
         self.generic_visit(node)
 
 
@@ -247,10 +251,11 @@ def file_imports(doc: Document) -> dict[str, str]:
 
 
 def _check_code(code: str, first_line: int, env: dict[str, str], resolver: Resolver,
-                doc: Document) -> Iterator[Problem]:
+                doc: Document, span: bool = False) -> Iterator[Problem]:
     tree = _parse(code)
     if tree is not None:
         found = _CodeChecker(resolver, env).run(tree)
+        found += [(line, message, False) for line, message in wrong_assignments(tree)] if span else []
         for line, message, warning in found:
             yield Problem(doc.rel, first_line + line - 1, message, warning=warning)
         return
@@ -268,4 +273,5 @@ def check_apis(skill: Skill, resolver: Resolver | None = None) -> Iterator[Probl
             if fence.language in PYTHON_FENCES:
                 yield from _check_code(fence.content, fence.line, env, resolver, doc)
         for span in doc.code_spans:
-            yield from _check_code(span.text, span.line, env, resolver, doc)
+            yield from _check_code(span.text, span.line, env, resolver, doc, span=True)
+    yield from check_generate_commands(skill)

@@ -45,8 +45,9 @@ def logical_lines(content: str) -> Iterator[tuple[int, str]]:
         yield start, pending
 
 
-def ditgate_invocations(line: str) -> list[list[str]]:
-    """The argument lists of every `ditgate ...` / `python -m ditgate ...` command in a shell line."""
+def command_words(line: str) -> list[list[str]]:
+    """The words of every simple command in a shell line (placeholders, redirections, usage-style optional groups
+    and leading `VAR=value`, `time`, `env`, `exec` dropped)."""
     text = _REDIRECT.sub(" ", _PLACEHOLDER.sub("PLACEHOLDER", _OPTIONAL_GROUP.sub(" ", line)))
     lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
@@ -57,10 +58,19 @@ def ditgate_invocations(line: str) -> list[list[str]]:
             segments.append([])
         else:
             segments[-1].append(token)
-    found = []
+    commands = []
     for words in segments:
         while words and (_ASSIGNMENT.match(words[0]) or words[0] in ("time", "env", "exec")):
             words = words[1:]
+        if words:
+            commands.append(words)
+    return commands
+
+
+def ditgate_invocations(line: str) -> list[list[str]]:
+    """The argument lists of every `ditgate ...` / `python -m ditgate ...` command in a shell line."""
+    found = []
+    for words in command_words(line):
         if words[:1] == ["ditgate"]:
             found.append(words[1:])
         elif len(words) >= 3 and _PYTHON.match(words[0]) and words[1:3] == ["-m", "ditgate"]:

@@ -11,12 +11,18 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from ditgate.skill.base import INSTALLED_PARTS, REFERENCES, SKILL_FILE, Problem, Skill
+from ditgate.skill.commandlines import RUNNABLE, SHELL_FENCES, command_words, logical_lines
 from ditgate.skill.markdown import Document, parse
 from ditgate.skill.phases import PHASES
 
 _EXTERNAL = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:|//)")
-# A path to one of the skill's folders written in text or code: `references/cp.md`, ./checklists/gates.json.
-_MENTION = re.compile(r"(?<![\w/.-])(?:\./)?((?:references|checklists|notebooks)/[\w./-]*\w)")
+# A path to one of the skill's folders written in text or code: `references/cp.md`, ./checklists/gates.json,
+# "$SKILL_DIR/examples/recipes/mask_reorder.py".
+_MENTION = re.compile(r"(?:(?<![\w/.$-])|(?<=\$SKILL_DIR/)|(?<=\$\{SKILL_DIR\}/))(?:\./)?"
+                      r"((?:references|checklists|notebooks|examples)/[\w./-]*\w)")
+# A command word that is a path inside the skill: `examples/x.py` (relative: runs only from the skill's folder) or
+# `$SKILL_DIR/x/y` (runs from anywhere, but only if x is a part an installation holds).
+_SKILL_DIR = re.compile(r"^(?:\$SKILL_DIR|\$\{SKILL_DIR\})/(.+)$")
 _LINK_PREFIX = re.compile(r"(?:\]\(\s*<?|^\s*\[[^\]]+\]:\s*<?)$")
 _LINE_FRAGMENT = re.compile(r"^L\d+(?:-L?\d+)?$")
 
@@ -91,6 +97,7 @@ def check_links(skill: Skill) -> Iterator[Problem]:
 
 
 def check_portable(skill: Skill) -> Iterator[Problem]:
+    yield from check_fence_paths(skill)
     for doc in skill.docs.values():
         for target in link_targets(skill, doc):
             if target.absolute:
@@ -101,6 +108,38 @@ def check_portable(skill: Skill) -> Iterator[Problem]:
                 yield Problem(doc.rel, target.line,
                               f"link to `{target.raw}` leaves the installed skill ({where}); an installed copy"
                               f" holds only {', '.join(INSTALLED_PARTS)}")
+
+
+def _fence_path_problem(word: str) -> str | None:
+    match = _SKILL_DIR.match(word)
+    if match:
+        part = match.group(1).split("/")[0]
+        if part not in INSTALLED_PARTS:
+            return (f"`{word}` is not in an installed copy, which holds only {', '.join(INSTALLED_PARTS)}")
+        return None
+    path = word[2:] if word.startswith("./") else word
+    if "/" in path and path.split("/")[0] in INSTALLED_PARTS and not path.startswith(("/", "$", "~")):
+        return (f"`{word}` is relative to the skill's folder, so the fence runs only from there; write"
+                f" \"$SKILL_DIR/{path}\"")
+    return None
+
+
+def check_fence_paths(skill: Skill) -> Iterator[Problem]:
+    """`bash runnable` fences run from any folder: paths of the skill are written under `$SKILL_DIR`."""
+    for doc in skill.docs.values():
+        for fence in doc.fences:
+            if fence.language not in SHELL_FENCES or RUNNABLE not in fence.flags:
+                continue
+            for offset, line in logical_lines(fence.content):
+                try:
+                    commands = command_words(line)
+                except ValueError:
+                    continue
+                for word in (w for words in commands for w in words):
+                    for value in [word, *word.split("=", 1)[1:]]:          # --integration=examples/x.py
+                        problem = _fence_path_problem(value)
+                        if problem:
+                            yield Problem(doc.rel, fence.line + offset, problem)
 
 
 def check_anchors(skill: Skill) -> Iterator[Problem]:

@@ -16,8 +16,9 @@ from ditgate.core.errors import DitgateError
 from ditgate.skill.apis import check_apis
 from ditgate.skill.base import Problem, Skill, load_skill
 from ditgate.skill.commandlines import check_commands
-from ditgate.skill.links import (check_anchors, check_links, check_nesting, check_phase_files, check_portable, check_routes,
-                    check_unreachable)
+from ditgate.skill.links import (check_anchors, check_links, check_nesting, check_phase_files, check_portable,
+                                 check_routes, check_unreachable)
+from ditgate.skill.reading import READING_BUDGET, Route, check_reading, reading_paths
 from ditgate.skill.spec import check_budget, check_frontmatter
 from ditgate.skill.thresholds import check_thresholds
 
@@ -46,11 +47,14 @@ RULES: tuple[Rule, ...] = (
     Rule("nesting", "references one level deep (no references/x/y.md)", check_nesting),
     Rule("link", "relative links point at files that exist", check_links),
     Rule("anchor", "link anchors match a heading (GitHub slug) of the target", check_anchors),
-    Rule("portable", "relative links stay inside what an installation holds", check_portable),
+    Rule("portable", "relative links stay inside what an installation holds; runnable fences name the skill's files"
+         " as $SKILL_DIR/...", check_portable),
     Rule("unreachable", "SKILL.md reaches every reference", check_unreachable),
-    Rule("route", "paths named in the text (references/, checklists/, notebooks/) exist", check_routes),
+    Rule("route", "paths named in the text (references/, checklists/, notebooks/, examples/) exist", check_routes),
     Rule("phase-files", "each phase has its reference, checklist and notebook", check_phase_files),
     Rule("threshold", "gate claims (PSNR > 30 dB ...) equal checklists/gates.json", check_thresholds),
+    Rule("reading", f"each SKILL.md route reaches its first gated row within {READING_BUDGET} lines of reading",
+         check_reading),
     Rule("api", "cache_dit / diffusers names in code exist in the installed versions", check_apis),
     Rule("command", "ditgate command lines in shell fences parse (errors in `bash runnable` fences)",
          check_commands),
@@ -92,6 +96,7 @@ class LintReport:
     root: Path
     findings: list[Finding]
     rules: list[str]
+    routes: list[Route] = field(default_factory=list)     # lines read per route before its first gated row
 
     @property
     def errors(self) -> list[Finding]:
@@ -107,7 +112,8 @@ class LintReport:
 
     def to_json(self) -> dict:
         return {"root": str(self.root), "ok": self.ok, "errors": len(self.errors), "warnings": len(self.warnings),
-                "rules": self.rules, "findings": [asdict(f) for f in self.findings]}
+                "rules": self.rules, "findings": [asdict(f) for f in self.findings],
+                "routes": [{"route": r.number, "lines": r.lines, "pages": r.pages} for r in self.routes]}
 
 
 def _ignored(skill: Skill, problem: Problem, rule: str) -> bool:
@@ -133,4 +139,4 @@ def lint(root: str | Path = ".", config: LintConfig | None = None) -> LintReport
             severity = WARNING if problem.warning else config.severity.get(rule.id, rule.severity)
             findings.append(Finding(problem.file, problem.line, rule.id, severity, problem.message))
     findings.sort(key=lambda f: (f.file != "SKILL.md", f.file, f.line, f.rule))
-    return LintReport(skill.root, findings, ran)
+    return LintReport(skill.root, findings, ran, reading_paths(skill))
