@@ -1,4 +1,4 @@
-"""`ditgate zoo list | build NAME DIR`."""
+"""`ditgate zoo list [--pipelines] | build NAME DIR`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ HELP = "list the offline tiny models, or build one into a folder"
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="zoo_command", required=True, metavar="ACTION")
-    sub.add_parser("list", help="list the zoo models")
+    listing = sub.add_parser("list", help="list the zoo models")
+    listing.add_argument("--pipelines", action="store_true",
+                         help="list the tiny copies of real diffusers pipelines (zoo:pipe/NAME) instead")
     build = sub.add_parser("build", help="build a zoo model and save it with save_pretrained")
     build.add_argument("name", help="zoo model name (see `ditgate zoo list`)")
     build.add_argument("directory", help="folder to write; must be empty or absent unless --overwrite")
@@ -21,9 +23,10 @@ def main(args: argparse.Namespace) -> int:
     from ditgate import zoo
 
     if args.zoo_command == "list":
-        width = max(map(len, zoo.names()))
-        for model in zoo.ZOO.values():
-            print(f"zoo:{model.name:<{width}}  {model.pipeline:<18} {model.modality:<6} {model.summary}")
+        models = zoo.PIPELINES if args.pipelines else zoo.ZOO
+        width, cls_width = max(map(len, models)), max(len(m.pipeline) for m in models.values())
+        for model in models.values():
+            print(f"zoo:{model.name:<{width}}  {model.pipeline:<{cls_width}} {model.modality:<6} {model.summary}")
         return 0
     path = zoo.build(args.name, args.directory, seed=args.seed, overwrite=args.overwrite)
     print(f"built zoo:{zoo.get(args.name).name} (seed {args.seed}) in {path}")

@@ -2,7 +2,9 @@
 
 `zoo:NAME` is accepted wherever a model path is. The first use builds the model into the zoo cache
 (`$DITGATE_HOME/zoo`, default `~/.cache/ditgate/zoo`) with `save_pretrained`; every later use loads that folder
-through the same `from_pretrained(path)` call a real model goes through.
+through the same `from_pretrained(path)` call a real model goes through. `zoo:pipe/NAME` names one of the tiny
+copies of real diffusers pipelines in `ditgate.zoo.pipelines`, one or more per model family cache-dit registers
+(`ditgate zoo list --pipelines`).
 
 May import: `ditgate.core.errors` and `ditgate.core.examples` only (the loader imports the zoo).
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ditgate.core.errors import DitgateError, UnknownZooModelError
-from ditgate.zoo import builders, modular_builders
+from ditgate.zoo import builders, modular_builders, pipelines
 
 ZOO_PREFIX = "zoo:"
 ZOO_FORMAT = 2  # bump when a builder changes, so cached folders are rebuilt
@@ -97,6 +99,13 @@ ZOO: dict[str, ZooModel] = {
 }
 
 
+# The pipeline zoo, under its own prefix: `zoo:pipe/flux-kontext`
+PIPELINES: dict[str, ZooModel] = {
+    pipelines.PREFIX + s.name: ZooModel(pipelines.PREFIX + s.name, s.pipeline, s.modality, s.summary, s.build, s.call)
+    for s in pipelines.SPECS
+}
+
+
 def names() -> list[str]:
     return list(ZOO)
 
@@ -105,9 +114,14 @@ def get(name: str) -> ZooModel:
     if name.startswith(ZOO_PREFIX):
         name = name[len(ZOO_PREFIX):]
     try:
-        return ZOO[name]
+        return ZOO[name] if not name.startswith(pipelines.PREFIX) else PIPELINES[name]
     except KeyError:
-        raise UnknownZooModelError(f"no zoo model named {name!r}; known: {', '.join(ZOO)}") from None
+        known = ", ".join(PIPELINES) if name.startswith(pipelines.PREFIX) else ", ".join(ZOO) + ", pipe/..."
+        raise UnknownZooModelError(f"no zoo model named {name!r}; known: {known}") from None
+
+
+def _folder_name(model: ZooModel) -> str:
+    return model.name.replace("/", "+")  # pipe/NAME -> pipe+NAME
 
 
 def is_spec(model: str | os.PathLike) -> bool:
@@ -129,7 +143,7 @@ def _fingerprint(model: ZooModel, seed: int) -> str:
 def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
     """Build and save `model` into a fresh hidden folder under `parent`; removed again on any failure."""
     parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.building.", dir=parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{_folder_name(model)}.building.", dir=parent))
     try:
         pipe = model.build(seed)
         if _is_modular(pipe):  # its index then points at the folder the components are saved in
@@ -202,7 +216,7 @@ def build(name: str, directory: str | os.PathLike, seed: int = 0, overwrite: boo
 def materialize(spec: str, seed: int = 0) -> Path:
     """Folder of zoo model `spec` in the cache, built on first use (safe when several processes race)."""
     model = get(spec)
-    target = cache_root() / f"{model.name}-{_fingerprint(model, seed)}"
+    target = cache_root() / f"{_folder_name(model)}-{_fingerprint(model, seed)}"
     if _has_index(target):
         return target
     if _distributed_rank() != 0:  # rank 0 builds; the others wait for its folder
