@@ -49,6 +49,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", help="comma-separated row names (default: all); their baselines are added")
     parser.add_argument("--rows-file", type=Path, help="YAML file of rows to use instead of the default rows")
     parser.add_argument("--list-rows", action="store_true", help="print the rows and exit")
+    parser.add_argument("--cache-config", nargs="+", metavar="KEY=VALUE",
+                        help="the default cache rows' configuration, in cache-dit's DBCacheConfig names (e.g. "
+                             "max_warmup_steps=4 residual_diff_threshold=0.05 Fn_compute_blocks=2, or mask=fast, "
+                             "taylorseer=1)")
     parser.add_argument("--integration", type=Path, metavar="FILE",
                         help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
     parser.add_argument("--out", type=Path, help="run folder (default: a new folder under runs/)")
@@ -89,11 +93,16 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.run.runner import RunConfig, run
 
     base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
-    chosen = rows_mod.select(base, args.rows)
+    chosen = rows_mod.with_cache_config(rows_mod.select(base, args.rows), rows_mod.parse_cache_config(args.cache_config))
     if args.list_rows:
         for row in chosen:
             print(f"{row.name:<18} phase={row.phase or '-':<6} ranks={row.world_size} vs={row.baseline or '-':<15}"
                   f" {row.description}")
+        if rows_mod.CALIBRATION not in chosen:
+            c = rows_mod.CALIBRATION
+            print(f"{c.name:<18} phase={'-':<6} ranks=1 vs={'-':<15} {c.description} (added by itself only where a "
+                  "gated row uses its floor; a floor that comes out infinite or not finite is unusable, and the "
+                  "report says the defaults were kept)")
         return 0
     device = resolve_device(args.device)
     cfg = RunConfig(model=args.model, rows=chosen, request=build_request(args), out=args.out, dtype=args.dtype,

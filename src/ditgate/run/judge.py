@@ -70,6 +70,8 @@ def judge_row(runner, state) -> None:
                        gates=gates)
     state.verdict = verdict.to_dict() | ({"floor": json_ready(floor)} if floor else {})
     state.reasons.extend(verdict.reasons)
+    if row.cache and row.phase == "cache" and not verdict.passed and verdict.reasons:
+        state.reasons.extend(_latents_only_hint(verdict))
     if reduced_precision(runner.cfg.dtype, gates):
         reduced_floor.judge_exact(runner, state, base.row.name, load)
     cache_off.judge(state, base.row.name, runner.states.get(row.name + cache_off.SUFFIX), load, runner.cfg.dtype,
@@ -105,3 +107,17 @@ def audio_floor(runner) -> dict[str, Any]:
         if all(x is not None for x in latents):  # shown next to the rows' latent checks, not a threshold
             calib.measured["cosine"] = tensor_metrics(*latents)["cosine"]
     return {"measured": calib.measured, "used": gate_floor(calib.measured, runner.gate_table()) or None}
+
+
+_LATENT_METRICS = {"max_abs", "rel_error", "cosine", "disp_rel_error"}
+
+
+def _latents_only_hint(verdict) -> list[str]:
+    """What to try when a cache row fails on its latents alone while its output passes."""
+    failed = [c for c in verdict.checks if not c.passed]
+    if not failed or any(c.metric not in _LATENT_METRICS for c in failed):
+        return []
+    return [("only the latents fail while the output passes: this model's residuals change too fast for this cache "
+            "configuration; try a stricter threshold (--cache-config residual_diff_threshold=0.04), more warm-up "
+            "steps (--cache-config max_warmup_steps=4), more computed blocks (--cache-config Fn_compute_blocks=2) "
+            "or a calibrator (--cache-config taylorseer=1), and keep the one whose latents pass")]

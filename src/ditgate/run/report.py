@@ -1,7 +1,9 @@
 """The report of a run: report.json (schema-checked), report.md (the results table) and grid.png.
 
-The grid shows the baseline and every row side by side, and under each row the difference from the row it is
-compared with, amplified so that an error of 1/AMPLIFY of the range is full white.
+The grid shows the baseline and every row side by side (a video: several frames of it, see
+ditgate.run.floor_report.grid_frames), and under each row the difference from the row it is compared with,
+amplified so that an error of 1/AMPLIFY of the range is full white. A video run adds frames.png, per-frame PSNR and
+SSIM; a reduced-precision run the floor table (ditgate.run.floor_report).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ditgate import __version__
-from ditgate.run import store
+from ditgate.run import floor_report, store
 from ditgate.gates.verdicts import format_value, json_ready
 from ditgate.core.paths import checklists_dir
 
@@ -194,6 +196,10 @@ def markdown(report: dict[str, Any]) -> str:
             f"{fmt(m.get('worst_tile_ssim'), '.4f')} | {fmt(m.get('max_abs'), '.2e')} | {fmt(mem, '.0f')} | "
             f"{r['status'].upper()} |")
     lines += _audio_lines(report)
+    lines += floor_report.floor_lines(report)
+    if report.get("frames_plot"):
+        lines += ["", "## Video frames (per-frame PSNR and SSIM; the calibration row, when it ran, is the floor)", "",
+                  f"![per-frame PSNR and SSIM]({report['frames_plot']})"]
     lines += _time_lines(report)
     failures = [r for r in report["rows"] if r["reasons"]]
     if failures:
@@ -271,19 +277,22 @@ def _metric_text(metric: str, value: Any) -> str:
     return value if isinstance(value, str) else format_value(metric, value)
 
 
-def _picture(array: np.ndarray | None, modality: str) -> np.ndarray | None:
+def _picture(array: np.ndarray | None, modality: str, frames: list[int] | None = None) -> np.ndarray | None:
+    """An image to draw: an image as it is, a video's `frames` side by side (default: its middle frame)."""
     if array is None or modality == "audio":
         return None
     if modality == "video":
-        array = array[len(array) // 2]
+        picks = [f for f in (frames or [len(array) // 2]) if 0 <= f < len(array)] or [len(array) // 2]
+        array = np.concatenate([array[f] for f in picks], axis=1)
     array = np.nan_to_num(np.asarray(array, dtype=np.float32))
     if array.ndim == 2:
         array = np.repeat(array[..., None], 3, axis=-1)
     return np.clip(array, 0, 1)
 
 
-def grid(run_dir: Path, report: dict[str, Any]) -> Path | None:
-    """grid.png: top line the outputs, bottom line |row - its baseline| x AMPLIFY; None when nothing is drawable."""
+def grid(run_dir: Path, report: dict[str, Any], frames: list[int] | None = None) -> Path | None:
+    """grid.png: top line the outputs, bottom line |row - its baseline| x AMPLIFY; None when nothing is drawable.
+    A video shows `frames` side by side (floor_report.grid_frames: first, chunk boundary, worst, last)."""
     from PIL import Image, ImageDraw
 
     cells = []
@@ -291,10 +300,11 @@ def grid(run_dir: Path, report: dict[str, Any]) -> Path | None:
         if r["status"] == "error":
             continue
         modality = r["modality"] or "image"
-        out = _picture(store.load_array(run_dir, r["name"], "output"), modality)
+        out = _picture(store.load_array(run_dir, r["name"], "output"), modality, frames)
         if out is None:
             continue
-        ref = _picture(store.load_array(run_dir, r["baseline"], "output"), modality) if r["baseline"] else None
+        ref = _picture(store.load_array(run_dir, r["baseline"], "output"), modality, frames) if r["baseline"] \
+            else None
         diff = np.clip(np.abs(out - ref) * AMPLIFY, 0, 1) if ref is not None and ref.shape == out.shape else None
         cells.append((r["name"], r["status"], out, diff))
     if not cells:
@@ -325,7 +335,15 @@ def grid(run_dir: Path, report: dict[str, Any]) -> Path | None:
 def write(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
           profile_note: str | None = None) -> dict[str, Any]:
     report = build(run_dir, cfg, states, wall_s, profile, profile_note)
-    picture = grid(run_dir, report)
+    series = floor_report.frame_series(run_dir, report)
+    frames = None
+    if series:
+        length = len(next(iter(series.values()))["psnr"])
+        frames = floor_report.grid_frames(series, length)
+        report["grid_frames"] = frames
+    plot = floor_report.plot_frames(series, run_dir / floor_report.FRAMES_PLOT)
+    report["frames_plot"] = plot.name if plot else None
+    picture = grid(run_dir, report, frames)
     report["grid"] = str(picture.name) if picture else None
     validate(report)
     store.write_json(run_dir / "report.json", report)

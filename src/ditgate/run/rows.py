@@ -106,10 +106,11 @@ DEFAULT_ROWS: tuple[Row, ...] = (
     Row("hybrid-u2xtp2", "hybrid", parallel={"ulysses_size": 2, "tp_size": 2},
         description="Ulysses-2 x TP-2 on 4 ranks"),
 )
-# The audio noise floor (gates.json rules.audio.calibration): the runner adds it by itself when an audio row is gated.
+# The noise floor (gates.json rules.audio.calibration, rules.reduced_precision): the runner adds it by itself when a
+# gated row uses it (an audio row; any row of a run in a dtype outside rules.tensor.dtypes).
 CALIBRATION = Row("calibration", perturb="unit_roundoff",
-                  description="the baseline again, every transformer output perturbed by one rounding error: the "
-                              "audio noise floor")
+                  description="the baseline again, every transformer output perturbed by one rounding error of the run "
+                              "dtype: the noise floor of audio rows and of every row in reduced precision")
 # Whether the gates can discriminate at all (ditgate.run.discrimination): the runner adds it when a row is gated.
 SENSITIVITY = Row("sensitivity", perturb=10.0,
                   description="the baseline with every transformer output multiplied by (1 + 10 z): far outside every "
@@ -266,3 +267,34 @@ def select(rows: list[Row] | tuple[Row, ...], names: str | list[str] | None) -> 
     for name in wanted:
         add(name)
     return list(chosen.values())
+
+
+def parse_cache_config(items: list[str] | None) -> dict[str, Any]:
+    """`--cache-config KEY=VALUE ...`: cache-dit's own DBCacheConfig field names (plus ditgate's `mask` and
+    `taylorseer`), each value read as YAML (4, 0.08, true, [1, 0, 1], alternate)."""
+    import cache_dit
+    import yaml
+
+    known = {f.name for f in dataclasses.fields(cache_dit.DBCacheConfig)} | _CACHE_EXTRAS
+    fields: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise RowError(f"--cache-config {item!r}: write KEY=VALUE (e.g. max_warmup_steps=4)")
+        if key not in known:
+            raise RowError(f"--cache-config {key}: not a field of cache_dit.DBCacheConfig; known: "
+                           f"{', '.join(sorted(known))}")
+        try:
+            fields[key] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise RowError(f"--cache-config {key}: cannot read the value {text!r}") from None
+    return fields
+
+
+def with_cache_config(rows: list[Row], fields: dict[str, Any]) -> list[Row]:
+    """`rows` with every row that uses the default cache configuration (DEFAULT_CACHE) given `fields` on top of it."""
+    if not fields:
+        return list(rows)
+    changed = [dataclasses.replace(r, cache=DEFAULT_CACHE | fields) if r.cache == DEFAULT_CACHE else r for r in rows]
+    return [_check(r) for r in changed]
