@@ -21,11 +21,16 @@ PARAMETERS = {
     "rows": ("str", '""', "comma-separated rows of `ditgate run` instead of the phase's rows; \"\": the phase's"),
     "tier": ("str", '"A"', "A: 1-2 devices; B adds 4; C adds 8 and hybrid CP x TP"),
     "world_size": ("int", None, "ranks of the parallel rows"),
+    "pipeline": ("str", '""', "module:Class of a pipeline outside diffusers; \"\": the folder's model_index.json"),
+    "trust_remote_code": ("bool", "False", "allow code shipped in the model folder to run"),
+    "call": ("str", '""', "JSON object of pipeline call arguments, e.g. '{\"guidance_scale\": 4.5}'"),
+    "call_file": ("str", '""', "JSON or YAML file of pipeline call arguments"),
+    "image": ("str", '""', "input image file (I2V, edit); \"\": a seeded test image where one is needed"),
     "height": ("int", "0", "0: the model's default"),
     "width": ("int", "0", "0: the model's default"),
     "frames": ("int", "0", "video frames; 0: the model's default"),
     "steps": ("int", "0", "denoising steps; 0: the default"),
-    "dtype": ("str", '"float32"', "float32, bfloat16 or float16"),
+    "dtype": ("str", '"auto"', "auto: bfloat16 on a GPU, float32 on a CPU; or float32, bfloat16, float16"),
     "device": ("str", '"auto"', "cpu, cuda or auto"),
     "gates": ("str", '""', "gate table; \"\": checklists/gates.json"),
     "warmup": ("int", "-1", "untimed calls first; -1: ditgate matrix's default"),
@@ -34,22 +39,20 @@ PARAMETERS = {
     "resume": ("bool", "False", "keep rows already finished in <out>/<phase>"),
     "out": ("str", '""', "results folder; \"\": a new folder under runs/"),
 }
+REQUEST = ("pipeline", "trust_remote_code", "call", "call_file", "image", "height", "width", "frames", "steps",
+           "dtype", "device")  # what every notebook passes to the one request object
 KIND_PARAMETERS = {
-    "inspect": ("model", "height", "width", "frames", "steps", "dtype", "device", "out"),
-    "rows": ("model", "integration", "rows", "world_size", "height", "width", "frames", "steps", "dtype", "device",
-             "gates", "timeout", "resume", "out"),
-    "matrix": ("model", "tier", "rows", "height", "width", "frames", "steps", "dtype", "device", "warmup", "repeats",
-               "timeout", "out"),
+    "inspect": ("model", *REQUEST, "out"),
+    "rows": ("model", "integration", "rows", "world_size", *REQUEST, "gates", "timeout", "resume", "out"),
+    "matrix": ("model", "tier", "rows", *REQUEST, "warmup", "repeats", "timeout", "out"),
 }
 # Parameters a notebook of that phase leaves out: they would do nothing there (an audio request has a duration, no
 # picture size; single-process phases have no ranks).
 LEFT_OUT = {"baseline": ("integration", "rows", "world_size", "gates", "timeout"), "cache": ("world_size",),
-            "audio": ("height", "width", "frames", "world_size")}
+            "audio": ("height", "width", "frames", "world_size", "image")}
 # (kind, parameter): (default, help) where a kind differs from PARAMETERS.
-OWN = {("matrix", "dtype"): ('"auto"', "auto: bfloat16 on a GPU, float32 on CPU; or a dtype"),
-       ("matrix", "rows"): ('""', "comma-separated rows of the tier; \"\": all of them")}
-RUN_ARGS = ("rows", "world_size", "integration", "height", "width", "frames", "steps", "dtype", "device", "gates",
-            "timeout", "resume")
+OWN = {("matrix", "rows"): ('""', "comma-separated rows of the tier; \"\": all of them")}
+RUN_ARGS = ("rows", "world_size", "integration", *REQUEST, "gates", "timeout", "resume")
 
 INTRO = {
     "inspect": "Observes one short run of the pipeline and reports what the gate check asks: block lists and their "

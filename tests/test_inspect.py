@@ -12,6 +12,7 @@ from torch import nn
 
 import ditgate
 from ditgate import zoo
+from ditgate.core import request
 from ditgate.inspect.anatomy import analyse, build_call, inspect_model
 
 
@@ -106,8 +107,8 @@ class TinyGQAPipeline(DiffusionPipeline):
 def tiny_gqa_anatomy(**config):
     torch.manual_seed(0)
     pipe = TinyGQAPipeline(TinyGQATransformer(**config).eval(), FlowMatchEulerDiscreteScheduler())
-    call, dropped = build_call(pipe, None, height=64, width=64)
-    assert dropped == ["negative_prompt"]
+    call, dropped = build_call(pipe, request.build({}, height=64, width=64))
+    assert dropped == [] and "negative_prompt" not in call  # nothing the user did not ask for
     return analyse(pipe, call, model="tiny-gqa")
 
 
@@ -157,7 +158,7 @@ def test_flux_block_lists_and_cache_dit_adapter(flux):
 
 
 def test_flux_calls_attention_and_sequence(flux):
-    assert flux.calls_per_step == 1 and flux.calls_by_step == [1, 1] and flux.has_separate_cfg is False
+    assert flux.calls_per_step == 1 and flux.calls_by_step == [1] * 8 and flux.has_separate_cfg is False
     assert (flux.attention.heads, flux.attention.kv_heads, flux.attention.head_dim) == (4, 4, 16)
     assert not flux.attention.gqa and not flux.attention.mask and not flux.attention.fused_qkv
     s = flux.sequence
@@ -185,7 +186,7 @@ def test_wan_pattern_2_and_cross_attention(wan):
 def test_qwen_image_two_calls_per_step():
     anatomy = inspect_model("zoo:qwen-image")
     assert anatomy.calls_per_step == 2 and anatomy.has_separate_cfg is True
-    assert anatomy.transformer_calls == {"transformer": 4}
+    assert anatomy.transformer_calls == {"transformer": 16}  # the zoo call: 8 steps, 2 calls each
     assert _list(anatomy, "transformer_blocks").pattern == "Pattern_1"
     assert anatomy.cache_dit["adapter"]["has_separate_cfg"] is True
     assert anatomy.cache_dit["text_encoder_planners"] == {"text_encoder": "Qwen2_5_VLTensorParallelismPlanner"}
@@ -198,7 +199,7 @@ def test_second_transformer_like_wan_2_2(zoo_path):
     pipe = WanPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
                        scheduler=base.scheduler, transformer=base.transformer,
                        transformer_2=copy.deepcopy(base.transformer), boundary_ratio=0.5)
-    call, _ = build_call(pipe, zoo.get("wan").call, steps=4)
+    call, _ = build_call(pipe, request.build({"call": zoo.get("wan").call}, steps=4))
     anatomy = analyse(pipe, call, model="zoo:wan", steps=4)
     assert [c.name for c in anatomy.components["transformers"]] == ["transformer", "transformer_2"]
     assert [(b.transformer, b.pattern) for b in anatomy.block_lists] == [("transformer", "Pattern_2"),
@@ -217,7 +218,7 @@ def test_thirty_heads_do_not_divide_by_four(zoo_path):
         patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
         num_attention_heads=30, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=False,
         axes_dims_rope=[4, 4, 8]).eval())
-    call, _ = build_call(pipe, zoo.get("flux").call)
+    call, _ = build_call(pipe, request.build({"call": zoo.get("flux").call}))
     anatomy = analyse(pipe, call, model="zoo:flux")
     assert anatomy.attention.heads == 30
     table = anatomy.sequence.divisibility

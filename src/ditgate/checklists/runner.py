@@ -28,7 +28,6 @@ from ditgate.checklists.named import CHECKS
 from ditgate.checklists.files import Checklist, ChecklistError, Item
 from ditgate.checklists.facts import check_fact
 
-INSPECT_STEPS = 2  # denoising steps of the observed run, as `ditgate inspect` does by default
 
 
 
@@ -136,14 +135,12 @@ def _check_of(item: Item) -> NamedCheck:
 
 
 def _anatomy(ctx: Context, opts: RunOptions) -> dict[str, Any]:
-    from ditgate import zoo
     from ditgate.inspect.anatomy import analyse, build_call
 
-    call = opts.request.call
     pipe = ctx.pipe()
-    probe_call, dropped = build_call(pipe, zoo.read_meta(ctx.model_path).get("call"), height=call.get("height"),
-                                     width=call.get("width"), frames=call.get("num_frames"), steps=INSPECT_STEPS)
-    return analyse(pipe, probe_call, model=opts.model, steps=INSPECT_STEPS, dropped=dropped).to_dict()
+    probe_call, dropped = build_call(pipe, opts.request)  # the call the rows make: one request for both
+    return analyse(pipe, probe_call, model=opts.model, steps=probe_call.get("num_inference_steps"),
+                   dropped=dropped, seed=opts.request.seed).to_dict()
 
 
 def _fresh_folder(opts: RunOptions) -> Path:
@@ -273,11 +270,44 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     ctx.drop_pipe()
     run_info = {
         "model": opts.model, "integration": str(opts.integration) if opts.integration else None,
+        "pipeline": opts.pipeline, "trust_remote_code": opts.trust_remote_code,
+        "command": reproduce_command([c.name for c in checklists], opts),
         "dtype": opts.dtype, "device": opts.device, "request": opts.request.to_dict(), "run_dir": str(run_dir),
         "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
     }
     run_info = json.loads(json.dumps(run_info, default=str))  # plain types only (torch's version is a str subclass)
     return [fill(c, session.outcomes, run_info) for c in checklists]
+
+
+def _as_option(value: Any) -> str:
+    """VALUE of `--call KEY=VALUE` that parses back to `value` (a string that reads as JSON is quoted)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value)
+
+
+def reproduce_command(names: list[str], opts: RunOptions) -> str:
+    """The `ditgate checklist` command line that makes this run again: every call argument of the request as it
+    ran (steps and frames under the pipeline's own names), the pipeline class, the integration, dtype and device."""
+    import shlex
+
+    req = opts.request
+    words = ["ditgate", "checklist", ",".join(names), "--model", opts.model]
+    if opts.pipeline:
+        words += ["--pipeline", opts.pipeline]
+    if opts.trust_remote_code:
+        words.append("--trust-remote-code")
+    if opts.integration:
+        words += ["--integration", str(opts.integration)]
+    for key, value in req.call.items():
+        words += ["--call", f"{key}={_as_option(value)}"]
+    if req.image and req.image != "generated":
+        words += ["--image", req.image]
+    words += ["--seed", str(req.seed), "--dtype", opts.dtype, "--device", opts.device]
+    return shlex.join(words)
 
 
 def fill(checklist: Checklist, outcomes: dict[tuple[str, str], Outcome], run_info: dict[str, Any]) -> dict[str, Any]:

@@ -85,12 +85,11 @@ def main(args: argparse.Namespace) -> int:
         raise DitgateError("ditgate checklist: give PHASE and --model MODEL (or --validate / --list-checks)")
 
     from ditgate.checklists import RunOptions, load, run_checklists, write_filled
-    from ditgate.commands.run import build_request
-    from ditgate.core.request import resolve_device
+    from ditgate.commands.run import build_request, device_and_dtype
 
     checklists = [load(name) for name in _names(args.phase)]
-    opts = RunOptions(model=args.model, request=build_request(args), dtype=args.dtype,
-                      device=resolve_device(args.device), integration=args.integration, pipeline=args.pipeline,
+    device, dtype = device_and_dtype(args)
+    opts = RunOptions(model=args.model, request=build_request(args), dtype=dtype, device=device, integration=args.integration, pipeline=args.pipeline,
                       trust_remote_code=args.trust_remote_code, out=args.out, timeout=args.timeout,
                       from_run=args.from_run)
     with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result

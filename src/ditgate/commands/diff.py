@@ -6,9 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.run import add_model_arguments, build_request
+from ditgate.commands.run import add_model_arguments, build_request, device_and_dtype
 from ditgate.core.errors import DitgateError
-from ditgate.core.request import resolve_device
 
 HELP = "name the first module whose output differs between a row and its baseline (first transformer call)"
 
@@ -40,8 +39,9 @@ def main(args: argparse.Namespace) -> int:
     if args.window < 0:
         raise DitgateError("--window must be >= 0")
     out = args.out or Path(f"{default_out(args.model)}-diff-{row.name}")
+    device, dtype = device_and_dtype(args)
     cfg = DiffConfig(model_path=resolve(args.model), row=row, baseline=chosen[row.baseline],
-                     request=build_request(args), out=out, dtype=args.dtype, device=resolve_device(args.device),
+                     request=build_request(args), out=out, dtype=dtype, device=device,
                      integration=args.integration, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
                      timeout=args.timeout, window=args.window)
     report = diff(cfg)

@@ -11,36 +11,12 @@ from ditgate.inspect.text import render
 HELP = "show a pipeline's anatomy (block lists, ForwardPattern, CFG calls, attention, sequence) and draft a plan"
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="model folder (with model_index.json) or zoo:NAME")
-    parser.add_argument("--height", type=_positive, help="image height of the observed run (default: the zoo "
-                        "model's call, else the pipeline's default)")
-    parser.add_argument("--width", type=_positive, help="image width of the observed run")
-    parser.add_argument("--frames", type=_positive, help="number of frames (video pipelines)")
-    parser.add_argument("--steps", type=_positive, default=2,
-                        help="denoising steps of the observed run (default 2; calls per step are counted over them)")
+    from ditgate.commands.run import add_model_arguments
+
+    add_model_arguments(parser)  # the call `ditgate run` makes: the tables describe the rows it will gate
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--plan", metavar="FILE", help="write the draft integration plan (Markdown) to FILE")
-    parser.add_argument("--pipeline", metavar="MODULE:CLASS", help="pipeline class when it is not the one "
-                        "model_index.json names")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow code inside the model folder to run")
-    parser.add_argument("--dtype", default="float32", help="dtype to load the pipeline in (default float32)")
-    parser.add_argument("--device", default="cpu", help="device to run on (default cpu)")
-
-
-
-
-
-
-
-
 
 
 def _check_writable(path: Path) -> None:
@@ -62,15 +38,16 @@ def _check_writable(path: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     import contextlib
 
+    from ditgate.commands.run import build_request, device_and_dtype
     from ditgate.inspect.anatomy import inspect_model, write_text_atomic
 
     if args.plan:
         _check_writable(Path(args.plan))
     # Libraries print progress and log lines while loading and running; keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
-        anatomy = inspect_model(args.model, height=args.height, width=args.width, frames=args.frames,
-                                steps=args.steps, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
-                                dtype=args.dtype, device=args.device)
+        device, dtype = device_and_dtype(args)
+        anatomy = inspect_model(args.model, build_request(args), pipeline=args.pipeline,
+                                trust_remote_code=args.trust_remote_code, dtype=dtype, device=device)
     if args.plan:
         write_text_atomic(args.plan, anatomy.plan)
     if args.json:

@@ -6,14 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.run import add_model_arguments, build_request
-from ditgate.core.request import resolve_device
+from ditgate.commands.run import add_model_arguments, build_request, device_and_dtype
 
 HELP = "acceptance matrix: speed and quality of cache presets, compile, quantization, CP and TP against a baseline"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser, dtype="auto: bfloat16 on a GPU, float32 on CPU")
+    add_model_arguments(parser)
     parser.add_argument("--tier", default="A", type=str.upper, choices=["A", "B", "C"],
                         help="A: 1-2 devices (default); B adds 4-device rows; C adds 8-device rows and hybrid CP x TP")
     parser.add_argument("--rows", help="comma-separated row names of the tier (default: all); baselines are added")
@@ -35,8 +34,7 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.perf import acceptance
     from ditgate.perf import matrix as perf
 
-    device = resolve_device(args.device)
-    dtype = acceptance.matrix_dtype(args.dtype, device)
+    device, dtype = device_and_dtype(args)
     acceptance.check_options(args.tier, device, args.warmup, args.repeats, args.threads)
     request = build_request(args)
     chosen, profile, note = acceptance.plan_rows(args.model, request, dtype, args.tier, args.rows_file, args.rows)

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.core.request import resolve_device
+from ditgate.core.request import resolve_device, resolve_dtype
 
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
@@ -26,9 +26,9 @@ def bounded(low: int, high: int):
     return parse
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = False, dtype: str = "float32") -> None:
-    """Arguments shared by commands that load and run a model (the model as `--model` when `model_option`);
-    `dtype` is the --dtype default."""
+def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = False) -> None:
+    """Arguments shared by every command that loads and runs a model (the model as `--model` when
+    `model_option`): one request object and one device/dtype default for all of them."""
     parser.add_argument(*(["--model"] if model_option else ["model"]), help="model folder (with model_index.json) "
                         "or zoo:NAME")
     parser.add_argument("--pipeline", metavar="MODULE:CLASS", help="pipeline class, for models outside diffusers")
@@ -36,11 +36,20 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = Fa
     parser.add_argument("--height", type=bounded(1, 65536),
                         help="image/video height (default: the zoo's or the pipeline's)")
     parser.add_argument("--width", type=bounded(1, 65536), help="image/video width")
-    parser.add_argument("--frames", type=bounded(1, 100000), help="number of video frames")
-    parser.add_argument("--steps", type=bounded(1, 100000), help="denoising steps")
-    parser.add_argument("--prompt", help="prompt (default: the zoo's, or a fixed test prompt)")
+    parser.add_argument("--frames", type=bounded(1, 100000), help="number of video frames, passed under the name "
+                        "the pipeline's __call__ uses (num_frames, video_length, ...)")
+    parser.add_argument("--steps", type=bounded(1, 100000), help="denoising steps (default: the folder's "
+                        "ditgate.json, else the pipeline's own default)")
+    parser.add_argument("--prompt", help="prompt (default: the folder's ditgate.json, or a fixed test prompt)")
+    parser.add_argument("--call", action="append", metavar="KEY=VALUE", help="a pipeline call argument (repeatable;"
+                        " VALUE is parsed as JSON, else taken as a string), e.g. --call guidance_scale=4.5")
+    parser.add_argument("--call-file", metavar="FILE", help="JSON or YAML mapping of pipeline call arguments "
+                        "(--call and the named options override it)")
+    parser.add_argument("--image", metavar="FILE", help="input image of an image-to-video, edit or control pipeline "
+                        "(default: a seeded test image when the pipeline needs one)")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    parser.add_argument("--dtype", default=dtype, help=f"float32, bfloat16/bf16 or float16/fp16 (default {dtype})")
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16/bf16, float16/fp16 or auto (default: "
+                        "bfloat16 on a GPU, float32 on a CPU)")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda when available)")
 
 
@@ -72,13 +81,19 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def build_request(args: argparse.Namespace):
-    from ditgate import zoo
+    """The request of the command's model options, fitted to the pipeline's `__call__` (ditgate.core.request)."""
     from ditgate.core import request
-    from ditgate.core.loader import resolve
 
-    meta = zoo.read_meta(resolve(args.model))
-    return request.build(meta, prompt=args.prompt, height=args.height, width=args.width, frames=args.frames,
-                         steps=args.steps, seed=args.seed)
+    return request.for_model(args.model, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
+                             call=request.parse_call_options(args.call), call_file=args.call_file,
+                             prompt=args.prompt, height=args.height, width=args.width, frames=args.frames,
+                             steps=args.steps, seed=args.seed, image=args.image)
+
+
+def device_and_dtype(args: argparse.Namespace) -> tuple[str, str]:
+    """--device and --dtype with "auto" resolved: the same for every command."""
+    device = resolve_device(args.device)
+    return device, resolve_dtype(args.dtype, device)
 
 
 def _warmup(given: int | None, device: str) -> int:
@@ -104,8 +119,8 @@ def main(args: argparse.Namespace) -> int:
                   "gated row uses its floor; a floor that comes out infinite or not finite is unusable, and the "
                   "report says the defaults were kept)")
         return 0
-    device = resolve_device(args.device)
-    cfg = RunConfig(model=args.model, rows=chosen, request=build_request(args), out=args.out, dtype=args.dtype,
+    device, dtype = device_and_dtype(args)
+    cfg = RunConfig(model=args.model, rows=chosen, request=build_request(args), out=args.out, dtype=dtype,
                     device=device, integration=args.integration, pipeline=args.pipeline,
                     trust_remote_code=args.trust_remote_code, timeout=args.timeout, resume=args.resume,
                     warmup=_warmup(args.warmup, device), repeats=args.repeats, diff=not args.no_diff,

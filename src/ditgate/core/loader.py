@@ -197,6 +197,21 @@ def pipeline_class(path: Path, index: dict[str, Any], pipeline: str | None = Non
     return cls
 
 
+def call_class(model: str | os.PathLike, pipeline: str | None = None, trust_remote_code: bool = False):
+    """The class whose `__call__` a run of `model` makes, found without loading weights (None for a modular
+    pipeline: its blocks, known once loaded, say what it takes)."""
+    path = resolve(model)
+    if modular.wants_modular(path, pipeline):
+        return None
+    index = read_index(path)
+    ensure_packages(index)
+    remote = _remote_files(path, index)
+    if remote and not trust_remote_code:
+        raise RemoteCodeError(f"loading {path} would run code from the model folder ({', '.join(map(str, remote))});"
+                              " read it, then pass --trust-remote-code")
+    return pipeline_class(path, index, pipeline, trust_remote_code)
+
+
 @contextlib.contextmanager
 def _offline():
     keys = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")

@@ -1,18 +1,34 @@
-"""The generation request every row runs: the pipeline call arguments and the seed.
+"""The generation request every row runs: the pipeline call arguments, the seed and the input image.
 
-Defaults come from the zoo metadata of the model folder (`ditgate.json`) when there is one; flags override them.
-The same request, with a fresh CPU generator seeded identically, is used by every row and every rank.
+One request object serves every command (run, inspect, matrix, checklist, notebook, diff). Its call arguments come,
+each overriding the one before, from the model folder's `ditgate.json` ("call", the zoo writes it; a user may write
+one too), a `--call-file FILE` (JSON or YAML), `--call KEY=VALUE` options and the named flags (`--prompt`,
+`--height`, `--width`, `--frames`, `--steps`). Nothing else is added: no negative prompt, no guidance scale.
+
+`resolve(request, pipeline_class)` fits it to the pipeline's `__call__` before anything runs: the frame count goes
+under the name the signature uses, the step count comes from the signature's default when not given, an input
+image goes to the signature's image argument (a seeded test image when the pipeline needs one and none was given),
+and an argument the pipeline does not take is refused. The same request, with a fresh CPU generator seeded
+identically, is used by every row and every rank.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+import json
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ditgate.core.errors import DitgateError
 
 DEFAULT_PROMPT = "a red cube on a wooden table, studio light"
+FRAME_NAMES = ("num_frames", "video_length", "num_video_frames", "frames", "frame_num", "num_latent_frames")
+IMAGE_NAMES = ("image", "image_reference", "control_image", "ref_image", "input_image")
+# Pipelines whose name says they transform an input image (they need one even where `image` has a default)
+_NEEDS_IMAGE = re.compile(r"ImageToVideo|Image2Video|I2V|Img2Img|Edit|Inpaint|Control|Kontext|VisualCloze")
+_SIZED = ("height", "width", "num_inference_steps")
 
 
 @dataclass(frozen=True)
@@ -20,40 +36,188 @@ class Request:
     call: dict[str, Any] = field(default_factory=dict)  # keyword arguments of pipe(...)
     seed: int = 0
     vae_tiling: dict[str, Any] = field(default_factory=dict)  # keyword arguments of pipe.vae.enable_tiling(...)
+    frames: int | None = None  # --frames, before `resolve` puts it under the signature's name
+    image: str | None = None  # --image FILE; "generated" for ditgate's seeded test image
+    image_key: str | None = None  # the __call__ argument the image goes to (set by `resolve`)
+    steps_from: str = "request"  # where the step count came from: request, signature or unknown
 
     @property
     def steps(self) -> int | None:
         return self.call.get("num_inference_steps")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"call": dict(self.call), "seed": self.seed, "vae_tiling": dict(self.vae_tiling)}
+        out = {"call": dict(self.call), "seed": self.seed, "vae_tiling": dict(self.vae_tiling)}
+        for key in ("frames", "image", "image_key"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.steps_from != "request":
+            out["steps_from"] = self.steps_from
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Request":
+        return cls(**data)
+
+
+def parse_call_options(items: list[str] | None) -> dict[str, Any]:
+    """`--call KEY=VALUE` options: VALUE parsed as JSON (numbers, lists, true/false/null), else kept as a string."""
+    call: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise DitgateError(f"--call {item!r}: expected KEY=VALUE with KEY a Python identifier")
+        try:
+            call[key] = json.loads(text)
+        except ValueError:
+            call[key] = text
+    return call
+
+
+def read_call_file(path: str | Path | None) -> dict[str, Any]:
+    """`--call-file FILE`: a JSON or YAML mapping of call arguments."""
+    if path is None:
+        return {}
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise DitgateError(f"--call-file {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error of a user's file is a usage error
+        raise DitgateError(f"--call-file {path}: not valid {path.suffix.lstrip('.') or 'JSON'}: "
+                           f"{str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise DitgateError(f"--call-file {path}: expected a mapping of argument names to values")
+    return data
 
 
 def build(meta: dict[str, Any], *, prompt: str | None = None, height: int | None = None, width: int | None = None,
           frames: int | None = None, steps: int | None = None, seed: int = 0,
-          extra: dict[str, Any] | None = None) -> Request:
-    """Request from zoo metadata (`meta["call"]`, may be empty) overridden by explicit values."""
+          extra: dict[str, Any] | None = None, image: str | None = None) -> Request:
+    """Request from the folder's metadata (`meta["call"]`, may be empty), then `extra` (call file and --call), then
+    the named values."""
     call = dict(meta.get("call", {}))
+    call.update(extra or {})
     call.setdefault("prompt", DEFAULT_PROMPT)
-    for key, value in (("prompt", prompt), ("height", height), ("width", width), ("num_frames", frames),
-                       ("num_inference_steps", steps)):
+    for key, value in (("prompt", prompt), ("height", height), ("width", width), ("num_inference_steps", steps)):
         if value is not None:
             call[key] = value
-    for key in ("height", "width", "num_frames", "num_inference_steps"):
-        if key in call and (not isinstance(call[key], int) or call[key] < 1):
+    for key in (*_SIZED, "num_frames"):
+        if key in call and (isinstance(call[key], bool) or not isinstance(call[key], int) or call[key] < 1):
             raise DitgateError(f"{key} must be a positive integer, got {call[key]!r}")
-    call.update(extra or {})
-    return Request(call=call, seed=seed, vae_tiling=dict(meta.get("vae_tiling", {})))
+    if frames is not None and frames < 1:
+        raise DitgateError(f"--frames must be a positive integer, got {frames}")
+    if image is not None and image != "generated" and not Path(image).is_file():
+        raise DitgateError(f"--image {image}: no such file")
+    return Request(call=call, seed=seed, vae_tiling=dict(meta.get("vae_tiling", {})), frames=frames, image=image)
+
+
+def for_model(model: str, *, pipeline: str | None = None, trust_remote_code: bool = False,
+              call: dict[str, Any] | None = None, call_file: str | Path | None = None, **named) -> Request:
+    """The request for `model` (a folder or zoo:NAME), fitted to its pipeline's `__call__`: the folder's
+    ditgate.json, then `call_file`, then `call`, then the `named` values of `build` (prompt, height, ...)."""
+    from ditgate import zoo
+    from ditgate.core.loader import call_class, resolve as resolve_model
+
+    path = resolve_model(model)
+    req = build(zoo.read_meta(path), extra=read_call_file(call_file) | dict(call or {}), **named)
+    cls = call_class(path, pipeline, trust_remote_code)
+    return req if cls is None else resolve(req, cls)
+
+
+def _parameters(cls) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(cls.__call__).parameters)
+
+
+def resolve(request: Request, cls) -> Request:
+    """`request` fitted to `cls.__call__` (see the module docstring); DitgateError when it cannot be."""
+    from ditgate.core import modular
+
+    if modular.is_modular_class(cls):  # the blocks' inputs say what it takes: checked when the blocks are known
+        return request if request.frames is None else replace(
+            request, call={**request.call, "num_frames": request.frames}, frames=None)
+    params = _parameters(cls)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    call = dict(request.call)
+    name = cls.__name__
+    if request.frames is not None:
+        key = next((k for k in FRAME_NAMES if k in params), None)
+        if key is None:
+            raise DitgateError(f"--frames: {name}.__call__ takes no frame count (none of {', '.join(FRAME_NAMES)}); "
+                               "pass the pipeline's own argument with --call NAME=VALUE")
+        call[key] = request.frames
+    steps_from = request.steps_from
+    if "num_inference_steps" not in call:
+        default = params.get("num_inference_steps")
+        if default is not None and isinstance(default.default, int) and not isinstance(default.default, bool):
+            call["num_inference_steps"], steps_from = default.default, "signature"
+        else:
+            steps_from = "unknown"
+    image, image_key = request.image, None
+    candidates = [k for k in IMAGE_NAMES if k in params]
+    if image is not None:
+        if not candidates:
+            raise DitgateError(f"--image: {name}.__call__ takes no input image (none of {', '.join(IMAGE_NAMES)})")
+        image_key = candidates[0]
+    elif candidates and candidates[0] not in call and _needs_image(cls, params[candidates[0]]):
+        image, image_key = "generated", candidates[0]
+    unknown = sorted(k for k in call if k not in params) if not takes_any else []
+    if unknown:
+        raise DitgateError(f"{name}.__call__ does not accept {', '.join(unknown)}")
+    return replace(request, call=call, frames=None, image=image, image_key=image_key, steps_from=steps_from)
+
+
+def _needs_image(cls, param: inspect.Parameter) -> bool:
+    return param.default is inspect.Parameter.empty or bool(_NEEDS_IMAGE.search(cls.__name__))
+
+
+def test_image(width: int, height: int, seed: int = 0):
+    """ditgate's input image for pipelines that need one: a seeded colour gradient with blocks, as a user's photo
+    would have structure at every scale (PIL, RGB)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width] / max(height, width, 1)
+    rgb = np.stack([x, y, 1.0 - (x + y) / 2], axis=-1)
+    cell = max(4, min(width, height) // 4)
+    blocks = rng.random((height // cell + 1, width // cell + 1, 3))
+    rgb = 0.6 * rgb + 0.4 * np.kron(blocks, np.ones((cell, cell, 1)))[:height, :width]
+    return Image.fromarray((np.clip(rgb, 0, 1) * 255).round().astype(np.uint8), "RGB")
+
+
+def input_image(request: Request):
+    """The PIL image the call passes under `request.image_key` (None when it passes none)."""
+    if request.image_key is None or request.image is None:
+        return None
+    if request.image == "generated":
+        return test_image(int(request.call.get("width") or 64), int(request.call.get("height") or 64), request.seed)
+    from PIL import Image
+
+    try:
+        with Image.open(request.image) as img:
+            return img.convert("RGB")
+    except OSError as exc:
+        raise DitgateError(f"--image {request.image}: not an image PIL can read ({exc})") from None
 
 
 def call_kwargs(pipe, request: Request) -> dict[str, Any]:
-    """The request's arguments, checked against what `pipe.__call__` accepts."""
-    params = inspect.signature(type(pipe).__call__).parameters
+    """The request's arguments for `pipe(...)`, checked against what `pipe.__call__` accepts, the image included."""
+    params = _parameters(type(pipe))
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in request.call.items() if takes_any or k in params}
     dropped = sorted(set(request.call) - set(kwargs))
     if dropped:
         raise DitgateError(f"{type(pipe).__name__} does not accept {', '.join(dropped)}")
+    image = input_image(request)
+    if image is not None:
+        kwargs[request.image_key] = image
     return kwargs
 
 
@@ -64,3 +228,10 @@ def resolve_device(device: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """`dtype`, with "auto" resolved to bfloat16 on a GPU (how real models run), else float32."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if str(device).startswith("cuda") else "float32"

@@ -211,6 +211,11 @@ def _latent_checks(gates: dict, spec: dict, dtype: str, modality: str) -> list[d
     return checks
 
 
+def latent_checks_for(phase: str, modality: str, dtype: Any, gates: dict) -> list[dict]:
+    """The latent checks `evaluate` applies to `phase` when it is given latents (the tensor rule included)."""
+    return _latent_checks(gates, gates["phases"][phase], _normalize_dtype(dtype), modality)
+
+
 def _floored(checks: list[dict], floor: dict | None, modality: str) -> list[dict]:
     """`checks` with each threshold that `floor` names replaced by the floor's value (source FLOOR_SOURCE)."""
     floor = dict(floor or {})

@@ -50,7 +50,6 @@ JSON keys (`Anatomy.to_dict()`, printed by `ditgate inspect --json`):
 from __future__ import annotations
 
 from ditgate.inspect.model import source_file
-from ditgate.inspect.blocks import _positional
 
 import inspect
 from collections import Counter
@@ -58,9 +57,11 @@ from pathlib import Path
 from typing import Any
 
 from ditgate.inspect.observe import Probe, block_lists
-from ditgate.core import modular
+from ditgate.core import modular, request
+from ditgate.core.request import Request
+from ditgate.core.steps import SchedulerSteps
 from ditgate.core.errors import PipelineRunError
-from ditgate.inspect.model import Anatomy, BlockList, Component, DEFAULT_NEGATIVE_PROMPT, DEFAULT_PROMPT
+from ditgate.inspect.model import Anatomy, BlockList, Component
 from ditgate.inspect.sequence import analyse_sequence, divisibility
 from ditgate.inspect.attention import analyse_attention, tp_layers
 from ditgate.inspect.traits import analyse_traits, revise_tp_layers
@@ -114,27 +115,21 @@ def classify_components(pipe) -> dict[str, dict[str, Any]]:
 
 
 # -- the pipeline call --------------------------------------------------------------------------------------------
-def build_call(pipe, defaults: dict[str, Any] | None, *, height: int | None = None, width: int | None = None,
-               frames: int | None = None, steps: int = 2) -> tuple[dict[str, Any], list[str]]:
-    """The keyword arguments of the probe run and the names dropped because `__call__` does not take them."""
-    call = dict(defaults) if defaults else {"prompt": DEFAULT_PROMPT, "negative_prompt": DEFAULT_NEGATIVE_PROMPT}
-    for key, value in (("height", height), ("width", width), ("num_frames", frames)):
-        if value is not None:
-            call[key] = value
-    call["num_inference_steps"] = steps
+def build_call(pipe, req: Request) -> tuple[dict[str, Any], list[str]]:
+    """The keyword arguments of the probe run: the request's call fitted to `pipe` (the image included), with the
+    output left in latent space where the pipeline allows it; and the names dropped because the pipeline does not
+    take them (a modular pipeline's blocks; a standard pipeline refuses them in `request.resolve`)."""
     if modular.is_modular_class(type(pipe)):  # the blocks' inputs, not __call__(**kwargs), say what it takes
+        call = request.resolve(req, type(pipe)).call
         taken = set(pipe.blocks.input_names) | {modular.OUTPUT_KEY}
         return {k: v for k, v in call.items() if k in taken}, [k for k in call if k not in taken]
-    params = inspect.signature(type(pipe).__call__).parameters
-    if "output_type" in params:
+    call = request.call_kwargs(pipe, request.resolve(req, type(pipe)))
+    if "output_type" in inspect.signature(type(pipe).__call__).parameters:
         call["output_type"] = "latent"
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return call, []
-    dropped = [k for k in call if k not in params]
-    return {k: v for k, v in call.items() if k in params}, dropped
+    return call, []
 
 
-def run_probe(pipe, transformers: dict[str, Any], call: dict[str, Any]) -> Probe:
+def run_probe(pipe, transformers: dict[str, Any], call: dict[str, Any], seed: int = 0) -> Probe:
     """Run `pipe(**call)` with a `Probe` (returned) and a `Trace` (kept on the probe as `probe.trace`)."""
     import torch
 
@@ -147,15 +142,20 @@ def run_probe(pipe, transformers: dict[str, Any], call: dict[str, Any]) -> Probe
     if modular.is_modular_class(type(pipe)):
         kwargs = modular.call_kwargs(pipe, call)  # and the whole state comes back
     if "generator" in params or modular.is_modular_class(type(pipe)):
-        kwargs["generator"] = torch.Generator("cpu").manual_seed(0)
+        kwargs["generator"] = torch.Generator("cpu").manual_seed(seed)
     if "callback_on_step_end" in params:
         kwargs["callback_on_step_end"] = probe.step_end_callback
+        steps = SchedulerSteps(None)
+    else:  # step ends seen at the scheduler instead
+        steps = SchedulerSteps(pipe, on_step=lambda: probe.step_end_callback(pipe, None, None, {}))
     try:
-        with torch.no_grad(), probe, trace:
+        with torch.no_grad(), probe, trace, steps:
             pipe(**kwargs)
     except Exception as exc:  # noqa: BLE001 - report any failure of the user's pipeline as a usage problem
-        raise PipelineRunError(f"running {type(pipe).__name__} with {call} failed: {type(exc).__name__}: {exc}. "
-                               "Pass --height/--width/--frames that the model accepts, or --pipeline.") from exc
+        shown = {k: v for k, v in call.items() if isinstance(v, (bool, int, float, str, type(None)))}
+        raise PipelineRunError(f"running {type(pipe).__name__} with {shown} failed: {type(exc).__name__}: {exc}. "
+                               "Pass --height/--width/--frames or --call arguments that the model accepts, or "
+                               "--pipeline.") from exc
     return probe
 
 
@@ -269,7 +269,7 @@ def _warnings(anatomy: Anatomy) -> list[str]:
 
 
 def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int | None = None,
-            dropped: list[str] | None = None) -> Anatomy:
+            dropped: list[str] | None = None, seed: int = 0) -> Anatomy:
     """The anatomy of `pipe`, observed by running `pipe(**call)` once (keep the call tiny)."""
     from ditgate.inspect import support as cachedit_support
     from ditgate.inspect import plan as draft_plan
@@ -280,7 +280,7 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
         raise PipelineRunError(f"{type(pipe).__name__} has no transformer component (components: "
                                f"{', '.join(getattr(pipe, 'components', {}))}); ditgate inspect needs a DiT")
     steps = steps or call.get("num_inference_steps") or 2
-    probe = run_probe(pipe, transformers, call)
+    probe = run_probe(pipe, transformers, call, seed)
 
     lists: list[BlockList] = []
     between: list[str] = []
@@ -338,18 +338,20 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
     return anatomy
 
 
-def inspect_model(model: str, *, height: int | None = None, width: int | None = None, frames: int | None = None,
-                  steps: int = 2, pipeline: str | None = None, trust_remote_code: bool = False,
-                  dtype: str = "float32", device: str = "cpu") -> Anatomy:
-    """Load `model` (a folder or `zoo:NAME`) with `ditgate.load` and return its anatomy."""
-    from ditgate import zoo
+def inspect_model(model: str, req: Request | None = None, *, pipeline: str | None = None,
+                  trust_remote_code: bool = False, dtype: str = "auto", device: str = "auto") -> Anatomy:
+    """Load `model` (a folder or `zoo:NAME`) with `ditgate.load` and return its anatomy, observed on the call of
+    `req` (default: the request every command makes of this model without options)."""
     from ditgate.core.loader import load, resolve
 
-    path = resolve(model)
-    pipe = load(path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
-    defaults = zoo.read_meta(path).get("call")
-    call, dropped = build_call(pipe, defaults, height=height, width=width, frames=frames, steps=steps)
-    return analyse(pipe, call, model=str(model), steps=steps, dropped=dropped)
+    device = request.resolve_device(device)
+    if req is None:
+        req = request.for_model(model, pipeline=pipeline, trust_remote_code=trust_remote_code)
+    pipe = load(resolve(model), dtype=request.resolve_dtype(dtype, device), device=device, pipeline=pipeline,
+                trust_remote_code=trust_remote_code)
+    call, dropped = build_call(pipe, req)
+    return analyse(pipe, call, model=str(model), steps=call.get("num_inference_steps"), dropped=dropped,
+                   seed=req.seed)
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

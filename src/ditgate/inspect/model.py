@@ -12,11 +12,6 @@ H, E, OTHER = "hidden_states", "encoder_hidden_states", "other"
 RANKS = (2, 4, 8)
 
 
-DEFAULT_PROMPT = "a red cube on a wooden table"
-
-
-DEFAULT_NEGATIVE_PROMPT = "blurry"
-
 
 KERNEL_PACKAGES = ("flash_attn", "flash_attn_interface", "triton", "apex", "xformers", "transformer_engine",
                    "liger_kernel", "sageattention", "spas_sage_attn", "nunchaku", "bitsandbytes", "deepspeed",

@@ -87,67 +87,82 @@ def phase_rows(phase: str, world_size: int = 2) -> list:
     return rows.select([*rows.DEFAULT_ROWS, *chosen], [r.name for r in chosen])
 
 
-def _request(model_path: Path, height: int, width: int, frames: int, steps: int):
-    from ditgate import zoo
+def _request(model: str, opts: dict[str, Any]):
+    """The one request object (ditgate.core.request), from a notebook's parameters: "" and 0 keep the defaults."""
     from ditgate.core import request
 
-    return request.build(zoo.read_meta(model_path), height=height or None, width=width or None,
-                         frames=frames or None, steps=steps or None)
+    call = opts.get("call") or ""
+    try:
+        call = json.loads(call) if isinstance(call, str) and call else (call or {})
+    except ValueError as exc:
+        raise DitgateError(f"call: not a JSON object ({exc})") from None
+    if not isinstance(call, dict):
+        raise DitgateError("call: expected a JSON object of argument names to values")
+    return request.for_model(model, pipeline=opts.get("pipeline") or None,
+                             trust_remote_code=bool(opts.get("trust_remote_code")), call=call,
+                             call_file=opts.get("call_file") or None, image=opts.get("image") or None,
+                             **{k: opts.get(k) or None for k in ("height", "width", "frames", "steps")})
+
+
+def _device_dtype(device: str, dtype: str) -> tuple[str, str]:
+    from ditgate.core.request import resolve_device, resolve_dtype
+
+    device = resolve_device(device)
+    return device, resolve_dtype(dtype, device)
 
 
 def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_size: int = 2, integration: str = "",
-              height: int = 0, width: int = 0, frames: int = 0, steps: int = 0, dtype: str = "float32",
-              device: str = "auto", gates: str = "", timeout: float = 600.0, resume: bool = False,
-              progress: Callable[[str], None] | None = print) -> dict[str, Any]:
-    """Run the phase's rows (or the named `rows` of `ditgate run`) in `out_dir/<phase>`; returns the report."""
+              dtype: str = "auto", device: str = "auto", gates: str = "", timeout: float = 600.0,
+              resume: bool = False, progress: Callable[[str], None] | None = print, **request_opts) -> dict[str, Any]:
+    """Run the phase's rows (or the named `rows` of `ditgate run`) in `out_dir/<phase>`; returns the report.
+    `request_opts`: pipeline, trust_remote_code, call (a JSON object), call_file, image, height, width, frames,
+    steps, as the commands take them."""
     from ditgate.run import rows as rows_mod
-    from ditgate.core.request import resolve_device
     from ditgate.gates.verdicts import load_gates
-    from ditgate.core.loader import resolve
     from ditgate.run.runner import RunConfig, run
 
     if gates:
         load_gates(gates)  # a broken table fails now, not after every row has run
     chosen = (rows_mod.select([*rows_mod.DEFAULT_ROWS, *phase_rows(phase, world_size)], rows) if rows
               else phase_rows(phase, world_size))
-    cfg = RunConfig(model=model, rows=chosen, request=_request(resolve(model), height, width, frames, steps),
-                    out=Path(out_dir) / phase, dtype=dtype, device=resolve_device(device),
-                    integration=Path(integration) if integration else None, timeout=timeout, resume=resume,
+    device, dtype = _device_dtype(device, dtype)
+    cfg = RunConfig(model=model, rows=chosen, request=_request(model, request_opts), out=Path(out_dir) / phase,
+                    dtype=dtype, device=device, integration=Path(integration) if integration else None,
+                    pipeline=request_opts.get("pipeline") or None,
+                    trust_remote_code=bool(request_opts.get("trust_remote_code")), timeout=timeout, resume=resume,
                     gates=Path(gates) if gates else None)
     report = run(cfg, progress)
     report["gates"] = gates or "checklists/gates.json"
     return report
 
 
-def inspect(model: str, out_dir: Path, *, height: int = 0, width: int = 0, frames: int = 0, steps: int = 0,
-            dtype: str = "float32", device: str = "auto"):
+def inspect(model: str, out_dir: Path, *, dtype: str = "auto", device: str = "auto", **request_opts):
     """`ditgate inspect`: the anatomy; the draft plan is written to `out_dir/plan.md`."""
     from ditgate.inspect.anatomy import inspect_model, write_text_atomic
-    from ditgate.core.request import resolve_device
 
-    anatomy = inspect_model(model, height=height or None, width=width or None, frames=frames or None,
-                            steps=steps or 2, dtype=dtype, device=resolve_device(device))
+    device, dtype = _device_dtype(device, dtype)
+    anatomy = inspect_model(model, _request(model, request_opts), pipeline=request_opts.get("pipeline") or None,
+                            trust_remote_code=bool(request_opts.get("trust_remote_code")), dtype=dtype,
+                            device=device)
     write_text_atomic(Path(out_dir) / "plan.md", anatomy.plan)
     return anatomy
 
 
-def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", height: int = 0, width: int = 0,
-               frames: int = 0, steps: int = 0, dtype: str = "auto", device: str = "auto", warmup: int = -1,
-               repeats: int = 0, timeout: float = 600.0) -> dict[str, Any]:
+def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", dtype: str = "auto",
+               device: str = "auto", warmup: int = -1, repeats: int = 0, timeout: float = 600.0,
+               **request_opts) -> dict[str, Any]:
     """`ditgate matrix` into `out_dir/perf_matrix`; returns matrix.json. -1, 0 and "" keep the command's defaults."""
-    from ditgate.core.loader import resolve
-    from ditgate.core.request import resolve_device
     from ditgate.perf import acceptance
 
-    device = resolve_device(device)
-    dtype = acceptance.matrix_dtype(dtype, device)
+    device, dtype = _device_dtype(device, dtype)
     warmup, repeats, tier = (1 if warmup < 0 else warmup), (repeats or 3), tier.upper()
     acceptance.check_options(tier, device, warmup, repeats, 1)
-    request = _request(resolve(model), height, width, frames, steps)
+    request = _request(model, request_opts)
     chosen, profile, note = acceptance.plan_rows(model, request, dtype, tier, rows=rows or None)
     acceptance.run_matrix(model, chosen, profile, note, request=request, tier=tier,
                           out=Path(out_dir) / "perf_matrix", dtype=dtype, device=device, warmup=warmup,
-                          repeats=repeats, timeout=timeout)  # a failed row is in matrix.json; errors raise
+                          repeats=repeats, timeout=timeout, pipeline=request_opts.get("pipeline") or None,
+                          trust_remote_code=bool(request_opts.get("trust_remote_code")))
     return json.loads((Path(out_dir) / "perf_matrix" / "matrix.json").read_text())
 
 

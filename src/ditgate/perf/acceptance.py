@@ -60,13 +60,6 @@ def check_options(tier: str, device: str, warmup: int, repeats: int, threads: in
             raise DitgateError(refusal)
 
 
-def matrix_dtype(dtype: str, device: str) -> str:
-    """"auto" is bfloat16 on a GPU and float32 on a CPU."""
-    if dtype.startswith("auto"):
-        return "bfloat16" if device.startswith("cuda") else "float32"
-    return dtype
-
-
 def plan_rows(model: str, request: Request, dtype: str, tier: str, rows_file: Path | None = None,
               rows: str | None = None) -> tuple[list[Row], Any, str | None]:
     """The rows to run (the tier's, or a rows file's, narrowed by `rows`), the FLOP profile and its note."""

@@ -159,7 +159,7 @@ def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
 
 
 def markdown(data: dict[str, Any]) -> str:
-    from ditgate.run.report import fmt, size_text
+    from ditgate.run.report import fmt, size_text, steps_text
 
     call = data["request"]["call"]
     size = size_text(call)
@@ -168,7 +168,7 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         f"# ditgate matrix: {data['model']} (tier {data['tier']})", "",
         f"- verdict: **{'PASS' if data['passed'] else 'FAIL'}** ({verdict})",
-        f"- size {size or 'pipeline default'}, {call.get('num_inference_steps', '?')} steps, {data['dtype']} on "
+        f"- size {size or 'the pipeline default'}, {steps_text(data['request'])}, {data['dtype']} on "
         f"{data['device']}; warm-up {data['warmup']}, {data['repeats']} timed repeats, median latency",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()),
     ]

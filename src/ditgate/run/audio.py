@@ -40,13 +40,29 @@ def _vae(pipe) -> Any:
     return vae
 
 
+RATE_NAMES = ("sampling_rate", "sample_rate", "audio_sample_rate", "sr")
+
+
+def _rate_on(obj) -> int | None:
+    for holder in (getattr(obj, "config", None), obj):
+        for name in RATE_NAMES:
+            rate = getattr(holder, name, None) if holder is not None else None
+            if isinstance(rate, int) and not isinstance(rate, bool) and rate > 0:
+                return rate
+    return None
+
+
 def sample_rate(pipe) -> int:
-    """Waveform samples per second of the pipeline's audio VAE (`vae.config.sampling_rate`)."""
-    vae = _vae(pipe)
-    rate = getattr(getattr(vae, "config", None), "sampling_rate", None) or getattr(vae, "sampling_rate", None)
-    if not isinstance(rate, int) or rate <= 0:
-        raise AudioLayoutError(f"{type(vae).__name__} has no positive integer `config.sampling_rate`")
-    return rate
+    """Waveform samples per second: found on the audio VAE (`config.sampling_rate`, `config.sample_rate`, ...), else
+    on the pipeline itself or its vocoder / feature extractor."""
+    holders = [getattr(pipe, "vae", None), getattr(pipe, "vocoder", None), pipe,
+               getattr(pipe, "feature_extractor", None)]
+    for holder in holders:
+        rate = _rate_on(holder) if holder is not None else None
+        if rate:
+            return rate
+    raise AudioLayoutError(f"{type(pipe).__name__} says nowhere how many samples per second its audio has (none "
+                           f"of {', '.join(RATE_NAMES)} on its vae, vocoder, feature extractor or itself)")
 
 
 def hop_length(pipe) -> int:

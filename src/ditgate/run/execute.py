@@ -36,6 +36,7 @@ from ditgate.core.plugin import Integration
 from ditgate.core.components import transformers_of
 from ditgate.run.probes import Probes, compiled_modules, quantized_weights, sharded_weights
 from ditgate.core.request import Request
+from ditgate.run.outputs import decoded
 from ditgate.run.rows import Row
 
 
@@ -197,19 +198,6 @@ def _peak_memory(device: str, resident: int = 0) -> dict[str, Any]:
     return {"kind": "cpu-process-peak-rss", "bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 
 
-def _decoded(out) -> tuple[np.ndarray, str]:
-    for attr, modality in (("frames", "video"), ("audios", "audio"), ("images", "image")):
-        value = getattr(out, attr, None)
-        if value is None:
-            continue
-        if isinstance(value, torch.Tensor):
-            value = value.detach().float().cpu().numpy()
-        elif isinstance(value, list):  # PIL images
-            value = np.stack([np.asarray(v, dtype=np.float32) / 255.0 for v in value])
-        return np.asarray(value, dtype=np.float32)[0], modality
-    raise DitgateError(f"pipeline output {type(out).__name__} has no images, frames or audios")
-
-
 def generate(pipe, request: Request, probes: Probes, target=None):
     if modular.is_modular_class(type(pipe)):
         return modular_rows.generate(pipe, request, probes, target)
@@ -296,7 +284,7 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
             overhead["generate_s"] = overhead.get("generate_s", 0.0) + took
             if i >= warmup:
                 times.append(took)
-        output, modality = _decoded(out)
+        output, modality = decoded(out)
         facts = probes.facts(request.steps)
         facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else None
         facts["cache"] = _cache_stats(target) if row.cache else None
@@ -309,10 +297,10 @@ def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device
             facts["compiled"] = {name: compiled_modules(m) for name, m in transformers_of(pipe).items()}
         if perturbation is not None:
             facts["perturbed_calls"] = perturbation.calls
-        start_noise = probes.initial_noise()
+        start_noise, (latents, _) = probes.initial_noise(), probes.final_latents()
         return Outcome(output=output, modality=modality,
                        sample_rate=audio.sample_rate(pipe) if modality == "audio" else None,
-                       latents=None if probes.latents is None else probes.latents.numpy(),
+                       latents=None if latents is None else latents.numpy(),
                        noise=None if start_noise is None else start_noise.numpy(),
                        times=times, peak_memory=_peak_memory(device, pristine.resident_bytes if pristine else 0),
                        facts=facts, overhead=overhead,

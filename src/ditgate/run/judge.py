@@ -12,12 +12,48 @@ from ditgate.run import reduced_floor, store
 from ditgate.run.hints import hint_for
 
 
+def gated(phase: str, modality: str, base_name: str, name: str, load: Callable, *, dtype: str, gates: dict | None,
+          sample_rate: int | None = None, floor=None) -> tuple[dict[str, Any], list[str]]:
+    """The verdict of row `name` against row `base_name` under `phase`'s gate, as a dict, and its reasons. A latent
+    check the gate has but that cannot run (no final latents, no initial noise) fails it, saying why."""
+    from ditgate.gates.verdicts import evaluate, load_gates
+
+    gates = load_gates() if gates is None else gates
+    latents, noise = (load(base_name, "latents"), load(name, "latents")), load(base_name, "noise")
+    missing = _missing_latent_input(phase, modality, dtype, gates, latents, noise, (base_name, name))
+    verdict = evaluate(phase, modality, load(base_name, "output"), load(name, "output"),
+                       latents=None if missing or any(x is None for x in latents) else latents, noise=noise,
+                       dtype=dtype, sample_rate=sample_rate, floor=floor, gates=gates)
+    record, reasons = verdict.to_dict(), list(verdict.reasons)
+    if missing:  # a check that cannot run never passes
+        record.update(passed=False, not_run=missing)
+        reasons.append(missing)
+    return record, reasons
+
+
+def _missing_latent_input(phase: str, modality: str, dtype: str, gates: dict, latents: tuple, noise,
+                          names: tuple[str, str]) -> str | None:
+    """Why the latent checks this row's gate has cannot run (None: they can, or it has none)."""
+    from ditgate.gates.verdicts import latent_checks_for
+
+    needed = latent_checks_for(phase, modality, dtype, gates)
+    if not needed:
+        return None
+    metrics = ", ".join(dict.fromkeys(c["metric"] for c in needed))
+    absent = [name for name, value in zip(names, latents) if value is None]
+    if absent:
+        return (f"the latent checks ({metrics}) could not run: {' and '.join(absent)} captured no final latents "
+                "(the pipeline took no step callback and stepped no `scheduler`)")
+    if noise is None and any(c["metric"] == "disp_rel_error" for c in needed):
+        return (f"the latent checks ({metrics}) could not run: disp_rel_error needs {names[0]}'s initial latents, "
+                "which could not be read in the layout of its final latents")
+    return None
+
+
 def judge_also(state, states: dict[str, Any], load: Callable, modality: str, *, dtype: str, floor_of: Callable,
                gates) -> None:
     """Add one verdict per further row to `state.verdict["also"]` and its reasons to `state.reasons`; the row
     passes only when every verdict passes. `floor_of(phase)`: the `floor=` of that phase's gate."""
-    from ditgate.gates.verdicts import evaluate
-
     also = []
     for name, phase in (state.row.also_against or {}).items():
         other = states.get(name)
@@ -25,13 +61,10 @@ def judge_also(state, states: dict[str, Any], load: Callable, modality: str, *, 
             also.append({"against": name, "phase": phase, "passed": False,
                          "reasons": [f"its comparison row {name!r} did not run"]})
         else:
-            latents = (load(name, "latents"), load(state.row.name, "latents"))
-            verdict = evaluate(phase, modality, load(name, "output"), load(state.row.name, "output"),
-                               latents=latents if all(x is not None for x in latents) else None,
-                               noise=load(name, "noise"), dtype=dtype, sample_rate=state.result.get("sample_rate"),
-                               floor=floor_of(phase), gates=gates)
-            also.append({"against": name, "phase": phase, "passed": verdict.passed,
-                         "metrics": verdict.to_dict().get("metrics"), "reasons": list(verdict.reasons)})
+            record, reasons = gated(phase, modality, name, state.row.name, load, dtype=dtype, gates=gates,
+                                    sample_rate=state.result.get("sample_rate"), floor=floor_of(phase))
+            also.append({"against": name, "phase": phase, "passed": record["passed"],
+                         "metrics": record.get("metrics"), "reasons": reasons})
         state.reasons += [f"against {name} ({phase} gate): {r}" for r in also[-1]["reasons"]]
     if also:
         state.verdict["also"] = also
@@ -41,7 +74,7 @@ def judge_also(state, states: dict[str, Any], load: Callable, modality: str, *, 
 def judge_row(runner, state) -> None:
     """Gate `state`'s row against its baseline: the phase's verdict, the caching-off twin, the sensitivity
     reference, the further comparison rows and the proofs; reasons go to `state.reasons`."""
-    from ditgate.gates.verdicts import evaluate, json_ready
+    from ditgate.gates.verdicts import json_ready
     from ditgate.run import cache_off, discrimination, proofs
     from ditgate.run.rows import SENSITIVITY
 
@@ -57,21 +90,17 @@ def judge_row(runner, state) -> None:
         state.reasons.append(f"its baseline row {row.baseline!r} did not run")
         return
     load = lambda name, key: store.load_array(runner.run_dir, name, key)
-    latents = (load(base.row.name, "latents"), load(row.name, "latents"))
     modality, gates = state.result["modality"], runner.gate_table()
     if reduced_precision(runner.cfg.dtype, gates):
         floor = reduced_floor.row_floor(runner, row.phase, modality)
     else:
         floor = audio_floor(runner) if modality == "audio" else {}
-    verdict = evaluate(row.phase, modality, load(base.row.name, "output"), load(row.name, "output"),
-                       latents=latents if all(x is not None for x in latents) else None,
-                       noise=load(base.row.name, "noise"), dtype=runner.cfg.dtype,
-                       sample_rate=state.result.get("sample_rate"), floor=floor.get("used"),
-                       gates=gates)
-    state.verdict = verdict.to_dict() | ({"floor": json_ready(floor)} if floor else {})
-    state.reasons.extend(verdict.reasons)
-    if row.cache and row.phase == "cache" and not verdict.passed and verdict.reasons:
-        state.reasons.extend(_latents_only_hint(verdict))
+    record, reasons = gated(row.phase, modality, base.row.name, row.name, load, dtype=runner.cfg.dtype, gates=gates,
+                            sample_rate=state.result.get("sample_rate"), floor=floor.get("used"))
+    state.verdict = record | ({"floor": json_ready(floor)} if floor else {})
+    state.reasons.extend(reasons)
+    if row.cache and row.phase == "cache" and not record["passed"] and reasons:
+        state.reasons.extend(_latents_only_hint(record))
     if reduced_precision(runner.cfg.dtype, gates):
         reduced_floor.judge_exact(runner, state, base.row.name, load)
     cache_off.judge(state, base.row.name, runner.states.get(row.name + cache_off.SUFFIX), load, runner.cfg.dtype,
@@ -112,10 +141,11 @@ def audio_floor(runner) -> dict[str, Any]:
 _LATENT_METRICS = {"max_abs", "rel_error", "cosine", "disp_rel_error"}
 
 
-def _latents_only_hint(verdict) -> list[str]:
-    """What to try when a cache row fails on its latents alone while its output passes."""
-    failed = [c for c in verdict.checks if not c.passed]
-    if not failed or any(c.metric not in _LATENT_METRICS for c in failed):
+def _latents_only_hint(record: dict[str, Any]) -> list[str]:
+    """What to try when a cache row fails on its latents alone while its output passes (`record`: a verdict's
+    dict)."""
+    failed = [c for c in record.get("checks", []) if not c["passed"]]
+    if not failed or any(c["metric"] not in _LATENT_METRICS for c in failed):
         return []
     return [("only the latents fail while the output passes: this model's residuals change too fast for this cache "
             "configuration; try a stricter threshold (--cache-config residual_diff_threshold=0.04), more warm-up "

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ditgate.core.components import block_lists, transformers_of
+from ditgate.core.steps import SchedulerSteps
 
 
 def _first_tensor(args, kwargs) -> torch.Tensor | None:
@@ -54,8 +55,9 @@ class Probes:
     calls_by_transformer: dict[str, int] = field(default_factory=dict)  # component name -> calls
     decoder_calls: int = 0
     noise: torch.Tensor | None = None
-    latents: torch.Tensor | None = None
+    latents: torch.Tensor | None = None  # from the step callback; see final_latents() for every pipeline
     first_output: torch.Tensor | None = None  # what the first transformer call returned (its first tensor)
+    _steps: SchedulerSteps | None = None
     _handles: list = field(default_factory=list)
     _spans: list = field(default_factory=list)  # (start, end) of each transformer call: perf_counter or CUDA events
 
@@ -68,6 +70,8 @@ class Probes:
         self.transformer_calls = self.decoder_calls = 0
         self.noise = self.latents = self.first_output = None
         self._spans.clear()
+        if self._steps is not None:
+            self._steps.reset()
 
     def attach(self, pipe, compiled: bool = False) -> "Probes":
         eager = torch.compiler.disable if compiled else (lambda hook: hook)
@@ -81,6 +85,7 @@ class Probes:
                 self.last_block_calls[key] = 0
                 self._handles.append(blocks[-1].register_forward_hook(eager(self._counter(key))))
                 self._handles.append(blocks[0].register_forward_hook(eager(self._seq_len(key))))
+        self._steps = SchedulerSteps(pipe).__enter__()
         decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
         if isinstance(decoder, torch.nn.Module):
             self._handles.append(decoder.register_forward_hook(eager(self._on_decoder)))
@@ -90,6 +95,8 @@ class Probes:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._steps is not None:
+            self._steps.__exit__()
 
     def _on_transformer(self, module, args, kwargs):
         self.transformer_calls += 1
@@ -152,10 +159,23 @@ class Probes:
         if isinstance(latents, torch.Tensor):
             self.latents = latents.detach().float().cpu().clone()
 
+    def final_latents(self) -> tuple[torch.Tensor | None, str | None]:
+        """The latents after the last step and where they came from: the step callback, else the scheduler's last
+        step (for pipelines without a callback), else (None, None)."""
+        if self.latents is not None:
+            return self.latents, "callback"
+        last = self._steps.last_sample if self._steps is not None else None
+        return (last, "scheduler") if last is not None else (None, None)
+
     def initial_noise(self) -> torch.Tensor | None:
-        """The first transformer input in the layout of the final latents: a batched classifier-free-guidance input
-        (`torch.cat([latents] * 2)`) is reduced to one copy. None when the two layouts cannot be matched."""
-        noise, latents = self.noise, self.latents
+        """The initial latents in the layout of the final latents: the scheduler's first input where the pipeline
+        steps a scheduler, else the first transformer input, a batched classifier-free-guidance input
+        (`torch.cat([latents] * 2)`) reduced to one copy. None when the layouts cannot be matched."""
+        latents, _ = self.final_latents()
+        first = self._steps.first_sample if self._steps is not None else None
+        if first is not None and latents is not None and first.shape == latents.shape:
+            return first
+        noise = self.noise
         if noise is None or latents is None or noise.shape == latents.shape:
             return noise
         batch = latents.shape[0]
@@ -175,6 +195,8 @@ class Probes:
             "calls_per_step": (self.transformer_calls / steps) if steps else None,
             "decoder_calls": self.decoder_calls,
             "transformer_time_s": self.transformer_time(),
+            "latents_from": self.final_latents()[1],
+            "scheduler_steps": self._steps.calls if self._steps is not None else None,
         }
 
 

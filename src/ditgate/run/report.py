@@ -151,16 +151,37 @@ def fmt(value: Any, spec: str) -> str:
 
 def _size_line(requested: str, produced: str | None) -> str:
     if not produced or produced == requested:
-        return requested or "pipeline default"
+        return requested or "the pipeline's default size"
     return f"{produced} produced ({'requested ' + requested if requested else 'the pipeline default'})"
 
 
+DURATION_KEYS = ("audio_end_in_s", "audio_length_in_s", "audio_duration_s", "duration", "duration_s", "seconds")
+
+
 def size_text(call: dict[str, Any]) -> str:
-    """The output size a pipeline call asks for: frames x height x width, or the audio span ("" when unset)."""
-    size = "x".join(str(call[k]) for k in ("num_frames", "height", "width") if k in call)
-    if not size and "audio_end_in_s" in call:
-        size = f"{call.get('audio_start_in_s', 0)}-{call['audio_end_in_s']} s of audio"
+    """The output size a pipeline call asks for, in the words of its modality: frames x height x width, or the span
+    of audio ("" when unset)."""
+    from ditgate.core.request import FRAME_NAMES
+
+    frames = next((call[k] for k in FRAME_NAMES if k in call), None)
+    size = "x".join(str(call[k]) for k in ("height", "width") if k in call)
+    if frames is not None:
+        size = f"{frames} frames" + (f" of {size}" if size else "")
+    if not size:
+        key = next((k for k in DURATION_KEYS if k in call), None)
+        if key == "audio_end_in_s":
+            size = f"{call.get('audio_start_in_s', 0)}-{call[key]} s of audio"
+        elif key is not None:
+            size = f"{call[key]} s of audio"
     return size
+
+
+def steps_text(request: dict[str, Any]) -> str:
+    """"8 steps", with where the count came from when the user did not give it."""
+    steps = request["call"].get("num_inference_steps")
+    if steps is None:
+        return "the pipeline's own step count (its __call__ names no default)"
+    return f"{steps} steps" + (" (the pipeline's default)" if request.get("steps_from") == "signature" else "")
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -170,9 +191,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"# ditgate run: {report['model']}",
         "",
         f"- verdict: **{'PASS' if report['passed'] else 'FAIL'}**",
-        f"- size {_size_line(size, report.get('produced_size'))}, {call.get('num_inference_steps', '?')} steps, "
-        f"seed "
-        f"{report['request']['seed']}, {report['dtype']} on {report['device']}",
+        f"- size {_size_line(size, report.get('produced_size'))}, {steps_text(report['request'])}, seed "
+        f"{report['request']['seed']}, {report['dtype']} on {report['device']}"
+        + (f", input image {report['request']['image']}" if report["request"].get("image") else ""),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         f"- wall time {fmt(report.get('wall_s'), '.1f')} s",
         "",

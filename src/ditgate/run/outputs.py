@@ -1,0 +1,106 @@
+"""What a pipeline call returned, as one float32 array and its modality, whatever form the pipeline chose.
+
+Pipelines return a diffusers output object (`images`, `frames`, `audios`, `videos`, `audio`, `waveform`, ...),
+a tuple whose first element is the output, a NumPy array, a torch tensor, a list of PIL images (or of frames, for
+a video), or a list of arrays. The first sample of the batch is kept, laid out as the metrics expect it: an image
+[H, W, C], a video [F, H, W, C] and audio [channels, samples], values in [0, 1] for pictures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ditgate.core.errors import DitgateError
+
+# attribute -> modality, in the order they are looked for on an output object
+FIELDS = (("frames", "video"), ("videos", "video"), ("video", "video"), ("audios", "audio"), ("audio", "audio"),
+          ("waveform", "audio"), ("waveforms", "audio"), ("images", "image"), ("image", "image"))
+
+
+def _is_pil(value: Any) -> bool:
+    return type(value).__module__.startswith("PIL.")
+
+
+def _array(value: Any) -> np.ndarray:
+    """A tensor, array, PIL image or (nested) list of them as one float32 array; PIL images scaled to [0, 1]."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().cpu().numpy()
+    if _is_pil(value):
+        return np.asarray(value.convert("RGB"), dtype=np.float32) / 255.0
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise DitgateError("pipeline output is an empty list")
+        return np.stack([_array(v) for v in value])
+    return np.asarray(value, dtype=np.float32)
+
+
+def _channels_last(array: np.ndarray) -> np.ndarray:
+    """[..., C, H, W] with C in (1, 3, 4) and a wider last axis becomes [..., H, W, C]."""
+    if array.ndim >= 3 and array.shape[-3] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
+        return np.moveaxis(array, -3, -1)
+    return array
+
+
+def _by_shape(array: np.ndarray) -> str:
+    """The modality of a bare array, by its layout (batch first)."""
+    if array.ndim == 5:
+        return "video"
+    if array.ndim == 4:
+        return "image"
+    if array.ndim in (2, 3) and array.shape[-1] > 8 * max(array.shape[-2], 1):
+        return "audio"  # [batch, channels, samples] or [channels, samples]: far more samples than channels
+    raise DitgateError(f"pipeline output is an array of shape {list(array.shape)}, which is neither an image "
+                       "[B, H, W, C], a video [B, F, H, W, C] nor a waveform [B, channels, samples]")
+
+
+def _first(array: np.ndarray, modality: str) -> np.ndarray:
+    """The first sample of a batch in the metrics' layout."""
+    if modality == "audio":
+        return array[0] if array.ndim == 3 else array
+    if modality == "video":
+        if array.ndim == 4:  # [F, H, W, C] without a batch axis (a list of frames)
+            array = array[None]
+        video = array[0]
+        if video.shape[-1] not in (1, 3, 4) and video.shape[0] in (1, 3, 4):  # [C, F, H, W]
+            video = np.moveaxis(video, 0, -1)
+        return _channels_last(video)
+    image = array[0] if array.ndim == 4 else array
+    return _channels_last(image)
+
+
+def _payload(out: Any) -> tuple[Any, str | None]:
+    """The output's data and the modality its name says (None: decide by shape)."""
+    if isinstance(out, tuple) and out:
+        return _payload(out[0])
+    plain = isinstance(out, (np.ndarray, torch.Tensor, list))
+    for attr, modality in FIELDS:
+        value = out.get(attr) if isinstance(out, dict) else None if plain else getattr(out, attr, None)
+        if value is not None:
+            return value, modality
+    if isinstance(out, (np.ndarray, torch.Tensor)) or _is_pil(out):
+        return out, None
+    if isinstance(out, list) and out:
+        if all(_is_pil(v) for v in out):
+            return out, "image"
+        if all(isinstance(v, list) for v in out):
+            return out, "video"  # one list of frames per prompt
+        return out, None
+    names = [n for n in dir(out) if not n.startswith("_")][:12]
+    raise DitgateError(f"pipeline output {type(out).__name__} holds no images, frames, audio, array or tensor "
+                       f"(it has: {', '.join(names) or 'nothing'})")
+
+
+def decoded(out: Any) -> tuple[np.ndarray, str]:
+    """(the first sample as float32, its modality) of a pipeline's return value."""
+    value, modality = _payload(out)
+    array = _array(value)
+    if _is_pil(value):
+        array = array[None]
+    modality = modality or _by_shape(array)
+    if modality == "image" and array.ndim == 5 and array.shape[1] == 1:
+        array = array[:, 0]  # one frame per prompt
+    result = _first(array, modality)
+    return np.ascontiguousarray(result, dtype=np.float32), modality
