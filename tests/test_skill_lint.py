@@ -330,6 +330,8 @@ def test_api_names_must_exist(skill, old, new, expected):
      "invalid choice: 'ulyses'"),
     ("The gate table is", "`cache-dit-generate flux --cache --sumary` The gate table is",
      "unrecognized arguments: --sumary"),
+    ("The gate table is", "`--attn` takes `--quantize-type bnb_4bit`. The gate table is",
+     "`cache-dit-generate --quantize-type bnb_4bit`: argument --quantize-type/--q-type: invalid choice: 'bnb_4bit'"),
 ])
 def test_values_and_cache_dit_command_lines_must_be_accepted(skill, old, new, expected):
     """Strings and command-line choices are checked against the installed cache-dit, not a list kept here."""

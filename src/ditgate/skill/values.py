@@ -7,8 +7,9 @@
   fails: the installed name is `bitsandbytes_4bit`.
 - `NAME="value"` written alone in a code span, for such a keyword NAME: the same.
 - `cache-dit-generate ...`, `python -m cache_dit.generate ...` and `torchrun ... -m cache_dit.generate ...` lines in
-  shell fences and code spans: their options and choices must parse with cache-dit's own command-line parser
-  (the example name is not judged: the reader's own example is not registered yet).
+  shell fences and code spans, and code spans that start with an option only cache-dit's command line has
+  (`--quantize-type bitsandbytes_4bit`): their options and choices must parse with cache-dit's own command-line
+  parser (the example name is not judged: the reader's own example is not registered yet).
 """
 
 from __future__ import annotations
@@ -121,8 +122,31 @@ def generate_invocations(line: str) -> list[list[str]]:
     return found
 
 
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    found: set[str] = set()
+    for action in parser._actions:       # noqa: SLF001
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):       # noqa: SLF001
+            for sub in action.choices.values():
+                found |= _option_strings(sub)
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def _cache_dit_only_options() -> frozenset[str]:
+    """Options of cache-dit's command line that no ditgate command has (`--quantize-type`, `--attn`, ...)."""
+    from ditgate.cli import build_parser
+
+    parser = cache_dit_parser()
+    if parser is None:
+        return frozenset()
+    return frozenset(_option_strings(parser) - _option_strings(build_parser()))
+
+
 def _lines(skill: Skill) -> Iterator[tuple[str, int, str]]:
-    """(file, line, shell text) for shell fence lines and code spans that may be commands."""
+    """(file, line, shell text) for shell fence lines and code spans that may be commands. A code span that starts
+    with an option only cache-dit's command line has (`--quantize-type bitsandbytes_4bit`) is read as its
+    arguments."""
     for doc in skill.docs.values():
         for fence in doc.fences:
             if fence.language in SHELL_FENCES:
@@ -131,6 +155,8 @@ def _lines(skill: Skill) -> Iterator[tuple[str, int, str]]:
         for span in doc.code_spans:
             if GENERATE_PROGRAM in span.text or GENERATE_MODULE in span.text:
                 yield doc.rel, span.line, span.text
+            elif len(span.text.split()) > 1 and span.text.split()[0] in _cache_dit_only_options():
+                yield doc.rel, span.line, f"{GENERATE_PROGRAM} {span.text}"
 
 
 def check_generate_commands(skill: Skill) -> Iterator[Problem]:
