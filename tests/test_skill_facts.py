@@ -117,7 +117,8 @@ def test_links_are_relative_one_level_and_resolve(path: Path):
         file_part, _, anchor = target.partition("#")
         assert not file_part.startswith("/"), f"{path.name}: absolute link {target}"
         if file_part.removeprefix("../").startswith("references/") or (path.parent == REFS and "/" not in file_part):
-            assert file_part.removeprefix("../").count("/") <= 1, f"{path.name}: reference deeper than one level: {target}"
+            assert file_part.removeprefix("../").count("/") <= 1, (
+                f"{path.name}: reference deeper than one level: {target}")
         dest = (path.parent / file_part).resolve() if file_part else path
         if dest.name in OTHER_REFS and not dest.exists():
             continue

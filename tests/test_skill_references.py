@@ -80,7 +80,8 @@ def test_reference_exists_and_says_when_to_read_it(name):
     assert path.is_file(), f"{path} is missing"
     lines = [ln for ln in text(name).splitlines() if ln.strip()]
     assert lines[0].startswith("# "), f"{name} must open with a title"
-    assert re.match(r"\*\*Read this when\*\*", lines[1]), f"{name}: the first line after the title must say when to read it"
+    assert re.match(r"\*\*Read this when\*\*", lines[1]), (
+        f"{name}: the first line after the title must say when to read it")
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -133,7 +134,8 @@ def test_dotted_api_names_exist(name):
                     resolve(f"{module}.{imported}")
                 except (ImportError, AttributeError) as exc:
                     missing.append(f"from {module} import {imported} ({exc})")
-    assert not missing, f"{name} names APIs that do not exist in the installed cache-dit/diffusers:\n" + "\n".join(missing)
+    assert not missing, (f"{name} names APIs that do not exist in the installed cache-dit/diffusers:\n"
+                         + "\n".join(missing))
 
 
 @pytest.mark.parametrize("name", FILES)
