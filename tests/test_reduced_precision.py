@@ -115,6 +115,21 @@ def test_cache_config_sets_the_default_cache_rows():
     assert by_name["baseline"].cache is None
 
 
+def test_a_cache_row_failing_only_on_latents_says_what_to_try():
+    from ditgate.run.judge import _latents_only_hint
+
+    rng = np.random.default_rng(0)
+    image = rng.random((32, 32, 3)).astype(np.float32)
+    noise = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    base = noise + rng.standard_normal(noise.shape).astype(np.float32)
+    far = base + 0.5 * rng.standard_normal(noise.shape).astype(np.float32)
+    latents_only = gates.evaluate("cache", "image", image, image, latents=(base, far), noise=noise)
+    assert not latents_only.passed and "max_warmup_steps" in _latents_only_hint(latents_only)[0]
+    both = gates.evaluate("cache", "image", image, rng.random(image.shape).astype(np.float32), latents=(base, far),
+                          noise=noise)
+    assert _latents_only_hint(both) == []
+
+
 # ------------------------------------------------------------------------------------------------ bf16 runs
 
 
@@ -138,6 +153,10 @@ def test_every_default_row_passes_in_bf16_against_the_floor(tmp_path, model):
             assert check["source"] == gates.FLOOR_SOURCE
             assert check["threshold"] == pytest.approx(verdict["floor"]["measured"][main]
                                                        - floor_rule.rule()["final"]["margin_db"])
+    cache = by_name["cache"]["verdict"]
+    latent = next(c for c in cache["checks"] if c["metric"] == "disp_rel_error")
+    factor = floor_rule.rule()["cache_latents"]["factor"]
+    assert latent["threshold"] == pytest.approx(max(0.05, factor * cache["floor"]["latents"]["disp_rel_error"]))
     markdown = (Path(report["run_dir"]) / "report.md").read_text()
     assert "## The calibrated floor (bfloat16" in markdown and "sits at the floor" in markdown
     if model == "zoo:wan":
