@@ -340,6 +340,17 @@ def test_values_and_cache_dit_command_lines_must_be_accepted(skill, old, new, ex
     assert len(findings) == 1 and expected in findings[0].message, [f.format() for f in findings]
 
 
+def test_class_names_in_code_spans_must_exist(skill):
+    (skill / "examples").mkdir()
+    (skill / "examples" / "mine.py").write_text("class TinyThingProcessor:\n    pass\n")
+    edit(skill / "SKILL.md", "The gate table is", "`FluxTransformer2DModel`, `FluxContextParallelismPlanner`,"
+         " `Flux3AttnProcessor`, `T5EncoderModel`, `TinyThingProcessor` and `MyDiTPipeline`. The gate table is")
+    assert lint(skill).findings == []
+    edit(skill / "SKILL.md", "`FluxTransformer2DModel`", "`FluxTransfomer2DModel`")
+    [finding] = only(lint(skill), "api")
+    assert "`FluxTransfomer2DModel` is not a class of the installed cache-dit, diffusers" in finding.message
+
+
 def test_the_right_values_pass(skill):
     edit(skill / "SKILL.md", "import cache_dit\n",
          'import cache_dit\nq = cache_dit.QuantizeConfig(quant_type="float8_per_row", backend="torchao")\n')

@@ -6,7 +6,8 @@ name built on such an import (`cache_dit.enable_cache`, `ForwardPattern.Pattern_
 `**kwargs`); in inline code spans the same, with the imports of the file's Python fences in scope. Names are
 resolved by importing the module and `getattr`. Text that is not code is never checked, and neither are
 placeholder names (`MyModelPipeline`, `YourDiT`, `transformer_xxx`). String values and cache-dit's command
-lines are checked too (`ditgate.skill.values`).
+lines are checked too (`ditgate.skill.values`), and class names written alone in a code span
+(`ditgate.skill.classnames`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ditgate.skill.base import Problem, Skill
+from ditgate.skill.classnames import check_class_names
 from ditgate.skill.markdown import Document
 from ditgate.skill.values import check_generate_commands, wrong_assignments, wrong_keyword_values
 
@@ -275,3 +277,4 @@ def check_apis(skill: Skill, resolver: Resolver | None = None) -> Iterator[Probl
         for span in doc.code_spans:
             yield from _check_code(span.text, span.line, env, resolver, doc, span=True)
     yield from check_generate_commands(skill)
+    yield from check_class_names(skill)
