@@ -77,7 +77,7 @@ def test_floor_sets_exact_gates_both_ways_and_lossy_gates_only_looser():
     low = floor_rule.thresholds(checks, {"psnr": 30.0, "ssim": 0.95}, spec, exact=False)
     assert low["used"] == {"psnr": pytest.approx(30.0 - spec["margin_db"]), "ssim": pytest.approx(0.8)}
     unusable = floor_rule.thresholds(checks, {"psnr": math.inf, "ssim": 1.0}, spec, exact=True)
-    assert unusable["at_default"] == ["psnr"] and "psnr" not in unusable["used"]
+    assert unusable["at_default"] == ["psnr", "ssim"] and unusable["used"] == {}  # identical: no floor at all
 
 
 def test_frame_scores_and_chunk_boundaries():
@@ -124,10 +124,10 @@ def test_a_cache_row_failing_only_on_latents_says_what_to_try():
     base = noise + rng.standard_normal(noise.shape).astype(np.float32)
     far = base + 0.5 * rng.standard_normal(noise.shape).astype(np.float32)
     latents_only = gates.evaluate("cache", "image", image, image, latents=(base, far), noise=noise)
-    assert not latents_only.passed and "max_warmup_steps" in _latents_only_hint(latents_only)[0]
+    assert not latents_only.passed and "max_warmup_steps" in _latents_only_hint(latents_only.to_dict())[0]
     both = gates.evaluate("cache", "image", image, rng.random(image.shape).astype(np.float32), latents=(base, far),
                           noise=noise)
-    assert _latents_only_hint(both) == []
+    assert _latents_only_hint(both.to_dict()) == []
 
 
 # ------------------------------------------------------------------------------------------------ bf16 runs

@@ -47,7 +47,7 @@ def thresholds(checks: list[dict], measured: dict[str, Any], spec: dict, exact: 
         metric = check["metric"]
         if metric not in measured:
             continue
-        if metric not in finite:
+        if metric not in finite or (metric in _SIMILARITY and finite[metric] >= 1.0):  # equal to the baseline
             at_default.append(metric)
             continue
         value = derive(metric, finite[metric], spec)

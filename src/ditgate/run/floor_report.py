@@ -65,8 +65,9 @@ def floor_lines(report: dict[str, Any]) -> list[str]:
         value = (r["metrics"] or {}).get(metric)
         if at_floor(value, measured.get(metric), metric, spec) and r["status"] == "passed":
             words.append(f"- **{r['name']}** sits at the floor: {_text(metric, value)} against the calibration row's "
-                         f"{_text(metric, measured.get(metric))}, no further from the baseline than one rounding "
-                         "error per transformer output takes this configuration.")
+                         f"{_text(metric, measured.get(metric))} (within the {spec['margin_db']:g} dB margin): as close "
+                         "to the baseline as one rounding error per transformer output leaves this configuration, "
+                         "so the rounding of the run dtype, not the integration, limits it.")
         if floor.get("note"):
             words.append(f"- {r['name']}: {floor['note']}.")
     lines += ["", ("Exact phases must reach the floor less the margin of gates.json `rules.reduced_precision`; lossy "

@@ -250,6 +250,9 @@ def markdown(report: dict[str, Any]) -> str:
     mem_kinds = {r["peak_memory_kind"] for r in report["rows"] if r["peak_memory_kind"]}
     if "cpu-process-peak-rss" in mem_kinds:
         lines += ["", "Peak memory on CPU is the peak resident set of the process that ran the row."]
+    if report.get("grid") and report.get("grid_frames"):
+        lines += ["", f"The grid shows frames {', '.join(map(str, report['grid_frames']))} of each video (the first, "
+                      "where two ranks' chunks meet, the worst of any row, the last)."]
     lines += ["", "![baseline, rows and amplified differences](grid.png)" if report.get("grid") else ""]
     return "\n".join(lines).rstrip() + "\n"
 
