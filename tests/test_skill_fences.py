@@ -199,6 +199,19 @@ def test_the_installed_copy_is_self_contained(installed):
     assert report.findings == [], [f.format() for f in report.findings]
 
 
+def test_a_file_missing_from_the_installed_copy_fails_lint(tmp_path):
+    """An installation without a file the skill cites (an example a fence runs) is not self-contained: lint says
+    where it is cited."""
+    from ditgate.skill import LintConfig, lint
+
+    [dest] = install_skill(tmp_path / "project", source=ROOT).paths
+    (dest / "examples" / "flux3" / "integration_wrong_cfg.py").unlink()
+    report = lint(dest, LintConfig(disabled=frozenset({"api", "command"})))
+    assert {(f.rule, f.file) for f in report.errors} == {("route", "references/modular_pipeline.md"),
+                                                         ("link", "references/modular_pipeline.md")}, \
+        [f.format() for f in report.errors]
+
+
 @pytest.mark.parametrize("rel, line, text", LINES, ids=[f"{rel}:{line}" for rel, line, _ in LINES])
 def test_runnable_fence_line_runs_from_another_folder(installed, rel, line, text, monkeypatch, capsys):
     assert (installed["dest"] / rel).is_file()
