@@ -1,0 +1,279 @@
+"""Real diffusers pipelines through ditgate: one or more tiny pipelines per model family cache-dit registers.
+
+    python benchmarks/pipeline_survey.py [--only NAME,...] [--skip-parallel] [--timeout S] [--out FILE]
+
+The families are the prefixes of cache-dit's `BlockAdapterRegister`, read when the survey runs (a newer cache-dit
+extends the list). Each zoo model (`ditgate.zoo`, `ditgate.zoo.pipelines`) whose pipeline class falls under a
+family the way cache-dit matches it (the first registered prefix the class name starts with) is, each step a
+`ditgate` command in its own process with a time limit:
+
+1. built: `ditgate zoo build zoo:NAME DIR` (save_pretrained);
+2. inspect: `ditgate inspect DIR --json`, which also says whether cache-dit has CP and TP planners for it;
+3. `ditgate run DIR --rows cache[,cp-ulysses-2][,tp-2]`: the CP and TP rows only where cache-dit has a planner
+   (they run on CPU over gloo), left out with `--skip-parallel`. Pipelines that need an input image get
+   `--image FILE` (a seeded gradient written here) where `ditgate run` has the option.
+
+Writes benchmarks/results/pipeline_survey.md (pipeline | family | built | inspect | cache | cp-ulysses-2 | tp-2 |
+reason), keeping the hand-written classification below its marker line, and prints the table and the wall time.
+Families with no tiny pipeline here are listed with the diffusers classes they cover.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+RESULTS = ROOT / "benchmarks" / "results" / "pipeline_survey.md"  # and .json beside it, one record per pipeline
+MARKER = "<!-- classification: written by hand, kept when the survey rewrites the table above -->"
+PARALLEL_ROWS = {"cp-ulysses-2": "cp_planners", "tp-2": "tp_planners"}
+
+
+@dataclass
+class Entry:
+    name: str  # zoo name, e.g. "pipe/flux-kontext"
+    pipeline: str
+    family: str
+    image: bool
+    cells: dict[str, str] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def families() -> list[str]:
+    from cache_dit.caching.block_adapters import BlockAdapterRegister
+
+    return list(BlockAdapterRegister.supported_pipelines()[1])
+
+
+def family_of(cls_name: str, prefixes: list[str]) -> str | None:
+    """The family cache-dit's lookup picks for `cls_name`: the first registered prefix it starts with."""
+    return next((p for p in prefixes if cls_name.startswith(p)), None)
+
+
+def entries(prefixes: list[str]) -> list[Entry]:
+    from ditgate import zoo
+    from ditgate.zoo import pipelines
+
+    found = []
+    for model in list(zoo.ZOO.values()) + list(zoo.PIPELINES.values()):
+        family = family_of(model.pipeline, prefixes)
+        if family:
+            spec = pipelines.PIPELINES.get(model.name.removeprefix(pipelines.PREFIX))
+            found.append(Entry(model.name, model.pipeline, family, bool(spec and spec.image)))
+    order = {p: i for i, p in enumerate(prefixes)}
+    return sorted(found, key=lambda e: (order[e.family], e.name))
+
+
+def uncovered(prefixes: list[str], covered: set[str]) -> dict[str, list[str]]:
+    import diffusers
+
+    classes = [n for n in dir(diffusers) if n.endswith("Pipeline")]
+    return {p: sorted(c for c in classes if family_of(c, prefixes) == p) for p in prefixes if p not in covered}
+
+
+def _last_error(text: str) -> str:
+    """The last line of a command's output that reads as an error (a traceback's last line, a ditgate error)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if re.match(r"^([A-Za-z_.]+(Error|Exception)|error|ditgate: error|AssertionError)\b", line) or "Error:" in line:
+            return line[:300]
+    return (lines[-1][:300] if lines else "no output")
+
+
+def _where(text: str) -> str:
+    """file:line of the innermost frame of the last traceback in `text` (site-packages paths shortened)."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', text)
+    if not frames:
+        return ""
+    path, line = frames[-1]
+    return f" ({path.split('site-packages/')[-1]}:{line})"
+
+
+def _cli(args: list[str], timeout: float, env: dict[str, str]) -> tuple[int | None, str]:
+    """Exit status (None on timeout) and output (stderr after stdout) of `python -m ditgate ARGS`."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "ditgate", *args], capture_output=True, text=True,
+                              timeout=timeout, env=env, cwd=ROOT, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout:.0f} s"
+    return done.returncode, done.stdout + "\n" + STDERR_MARK + done.stderr
+
+
+STDERR_MARK = "\n--- stderr ---\n"
+
+
+def _has_option(command: str, option: str, env: dict[str, str]) -> bool:
+    rc, out = _cli([command, "--help"], 120, env)
+    return rc == 0 and option in out
+
+
+def _test_image(path: Path) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:64, 0:64]
+    img = np.stack([x * 4, y * 4, 255 - (x + y) * 2], -1).astype(np.float64)
+    img[16:40, 20:44] = rng.integers(0, 255, 3)  # a block of one seeded colour
+    Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(path)
+    return path
+
+
+def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_options: dict[str, bool]) -> None:
+    start = time.monotonic()
+    folder = work / entry.name.replace("/", "+")
+    rc, out = _cli(["zoo", "build", f"zoo:{entry.name}", str(folder), "--overwrite"], args.timeout, env)
+    entry.cells["built"] = "yes" if rc == 0 else "no"
+    if rc != 0:
+        entry.reasons.append(f"build: {_last_error(out)}{_where(out)}")
+        entry.seconds = time.monotonic() - start
+        return
+    image = ["--image", str(work / "input.png")] if entry.image else []
+    rc, out = _cli(["inspect", str(folder), "--json", *(image if image_options["inspect"] else [])],
+                   args.timeout, env)
+    planners: dict = {}
+    if rc == 0:
+        entry.cells["inspect"] = "pass"
+        try:
+            stdout = out.split(STDERR_MARK, 1)[0]
+            cache_dit = json.loads(stdout[stdout.index("{"):stdout.rindex("}") + 1]).get("cache_dit", {})
+            planners = {k: cache_dit.get(k) or {} for k in PARALLEL_ROWS.values()}
+        except ValueError:
+            entry.reasons.append("inspect: its JSON did not parse")
+    else:
+        entry.cells["inspect"] = "FAIL"
+        entry.reasons.append(f"inspect: {_last_error(out)}{_where(out)}")
+    rows = ["cache"]
+    for row, key in PARALLEL_ROWS.items():
+        if args.skip_parallel:
+            entry.cells[row] = "skipped"
+        elif rc == 0 and not any((planners.get(key) or {}).values()):
+            entry.cells[row] = "no planner"
+        else:  # planners known, or inspect failed and the run tells
+            rows.append(row)
+    run_dir = folder.with_name(folder.name + ".run")
+    rc, out = _cli(["run", str(folder), "--rows", ",".join(rows), "--out", str(run_dir),
+                    *(image if image_options["run"] else [])], args.run_timeout, env)
+    report_path = run_dir / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.is_file() else None
+    by_name = {r["name"]: r for r in (report or {}).get("rows", [])}
+    base = by_name.get("baseline")
+    base_failed = base is not None and base.get("status") not in ("passed", "reference")
+    if base_failed:  # every row then says only that its baseline failed
+        entry.reasons.append(f"baseline: {_row_reason(base)}")
+    for row in rows:
+        got = by_name.get(row)
+        if got is None:
+            entry.cells[row] = "FAIL"
+            entry.reasons.append(f"{row}: {_last_error(out)}{_where(out)}" if report is None
+                                 else f"{row}: not in the report")
+            if report is None:
+                break
+            continue
+        passed = got.get("status") == "passed"
+        entry.cells[row] = "pass" if passed else "FAIL"
+        if not passed and not base_failed:
+            entry.reasons.append(f"{row}: {_row_reason(got)}")
+    for row in rows:
+        entry.cells.setdefault(row, "FAIL")
+    entry.seconds = time.monotonic() - start
+
+
+def _row_reason(row: dict) -> str:
+    """A failed row's first reason, with the innermost frame of its traceback where it raised."""
+    why = (row.get("reasons") or [row.get("status")])[0]
+    error = row.get("error") or {}
+    return f"{str(why)[:300]}{_where(error.get('traceback', '')) if isinstance(error, dict) else ''}"
+
+
+COLUMNS = ("built", "inspect", "cache", "cp-ulysses-2", "tp-2")
+
+
+def markdown(done: list[Entry], missing: dict[str, list[str]], runs: list[dict]) -> str:
+    import cache_dit
+    import diffusers
+    import torch
+
+    lines = [f"# Pipeline survey: diffusers {diffusers.__version__}, cache-dit {cache_dit.__version__}, "
+             f"torch {torch.__version__}", "",
+             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; the runs that made this table:", "",
+             *[f"- `{r['command']}`: {r['pipelines']} pipelines in {r['wall_s'] / 60:.1f} min wall" for r in runs], "",
+             "| pipeline | family | class | built | inspect | cache | cp-ulysses-2 | tp-2 | s | reason |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for e in done:
+        cells = " | ".join(e.cells.get(c, "–") for c in COLUMNS)
+        reason = "; ".join(e.reasons).replace("|", "/") or ""
+        lines.append(f"| zoo:{e.name} | {e.family} | {e.pipeline} | {cells} | {e.seconds:.0f} | {reason} |")
+    lines += ["", "Totals:", ""]
+    for c in COLUMNS:
+        ok = sum(e.cells.get(c) in ("yes", "pass") for e in done)
+        tried = sum(e.cells.get(c) in ("yes", "no", "pass", "FAIL") for e in done)
+        lines.append(f"- {c}: {ok} of {tried} tried")
+    lines.append(f"- families covered: {len({e.family for e in done})}")
+    if missing:
+        lines += ["", "Families with no tiny pipeline here (the diffusers classes under each prefix):", ""]
+        lines += [f"- {fam}: {', '.join(classes) or 'diffusers ' + diffusers.__version__ + ' ships none'}"
+                  for fam, classes in missing.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help="comma-separated zoo names (pipe/flux-kontext or flux-kontext, flux)")
+    parser.add_argument("--skip-parallel", action="store_true", help="run only the cache row")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for building or inspecting one")
+    parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds for one pipeline's rows")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"Markdown file (default {RESULTS})")
+    parser.add_argument("--work", type=Path, help="folder for the models and runs (default: a temporary one)")
+    args = parser.parse_args(argv)
+
+    start = time.monotonic()
+    prefixes = families()
+    todo = entries(prefixes)
+    if args.only:
+        wanted = {n.strip().removeprefix("zoo:") for n in args.only.split(",")}
+        todo = [e for e in todo if e.name in wanted or e.name.removeprefix("pipe/") in wanted]
+    work = args.work or Path(tempfile.mkdtemp(prefix="pipeline_survey."))
+    work.mkdir(parents=True, exist_ok=True)
+    _test_image(work / "input.png")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), DITGATE_HOME=str(work / "home"))
+    image_options = {cmd: _has_option(cmd, "--image", env) for cmd in ("run", "inspect")}
+    for entry in todo:
+        survey_one(entry, work, args, env, image_options)
+        print(f"{entry.name:<28} " + " ".join(f"{c}={entry.cells.get(c, '-')}" for c in COLUMNS)
+              + f"  {entry.seconds:.0f}s  {'; '.join(entry.reasons)[:200]}", flush=True)
+    wall = time.monotonic() - start
+    command = "python benchmarks/pipeline_survey.py" + "".join(
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    # --only updates its pipelines in the records of the last full survey; a full survey replaces them all
+    records = args.out.with_suffix(".json")
+    old = json.loads(records.read_text()) if args.only and records.is_file() else {"entries": [], "runs": []}
+    merged = {e["name"]: Entry(**e) for e in old["entries"]}
+    merged.update({e.name: e for e in todo})
+    order = [e.name for e in entries(prefixes)]
+    done = sorted(merged.values(), key=lambda e: order.index(e.name) if e.name in order else len(order))
+    runs = old["runs"] + [{"command": command, "pipelines": len(todo), "wall_s": round(wall, 1),
+                           "skip_parallel": args.skip_parallel}]
+    records.parent.mkdir(parents=True, exist_ok=True)
+    records.write_text(json.dumps({"entries": [asdict(e) for e in done], "runs": runs}, indent=1) + "\n")
+    missing = uncovered(prefixes, {e.family for e in entries(prefixes)})
+    text = markdown(done, missing, runs)
+    kept = args.out.read_text().split(MARKER, 1)[1] if args.out.is_file() and MARKER in args.out.read_text() else "\n"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n" + MARKER + kept)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
