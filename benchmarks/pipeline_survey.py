@@ -99,22 +99,15 @@ def _where(text: str) -> str:
     return f" ({path.split('site-packages/')[-1]}:{line})"
 
 
-def _cli(args: list[str], timeout: float, env: dict[str, str]) -> tuple[int | None, str]:
-    """Exit status (None on timeout) and output (stderr after stdout) of `python -m ditgate ARGS`."""
-    try:
-        done = subprocess.run([sys.executable, "-m", "ditgate", *args], capture_output=True, text=True,
-                              timeout=timeout, env=env, cwd=ROOT, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout:.0f} s"
-    return done.returncode, done.stdout + "\n" + STDERR_MARK + done.stderr
-
-
 STDERR_MARK = "\n--- stderr ---\n"
 
 
-def _has_option(command: str, option: str, env: dict[str, str]) -> bool:
-    rc, out = _cli([command, "--help"], 120, env)
-    return rc == 0 and option in out
+def _has_option(command: str, option: str) -> bool:
+    """Whether `ditgate COMMAND` takes `option` (read from the CLI's own parser)."""
+    from ditgate.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return option in sub.choices[command]._option_string_actions
 
 
 def _test_image(path: Path) -> Path:
@@ -129,41 +122,88 @@ def _test_image(path: Path) -> Path:
     return path
 
 
-def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_options: dict[str, bool]) -> None:
-    start = time.monotonic()
-    folder = work / entry.name.replace("/", "+")
-    rc, out = _cli(["zoo", "build", f"zoo:{entry.name}", str(folder), "--overwrite"], args.timeout, env)
-    entry.cells["built"] = "yes" if rc == 0 else "no"
-    if rc != 0:
-        entry.reasons.append(f"build: {_last_error(out)}{_where(out)}")
-        entry.seconds = time.monotonic() - start
+def _step(argv: list[str]) -> tuple[int, str]:
+    """`ditgate ARGV` in this process: exit status and what it printed (stderr after stdout)."""
+    import contextlib
+    import io
+    import traceback
+
+    from ditgate.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # a traceback is a result here
+            traceback.print_exc()
+            rc = 1
+    return rc, out.getvalue() + STDERR_MARK + err.getvalue()
+
+
+def worker(job: dict) -> None:
+    """One pipeline's build, inspect and run, in one process (the imports are paid once); each step's result is
+    written to job["result"] as soon as it ends, so a pipeline killed at its time limit keeps the steps it did."""
+    results: dict = {}
+
+    def record(step: str, rc: int, out: str) -> None:
+        results[step] = {"rc": rc, "out": out[-20000:]}
+        Path(job["result"]).write_text(json.dumps(results))
+
+    folder, image = job["folder"], job["image"]
+    record("build", *_step(["zoo", "build", f"zoo:{job['name']}", folder, "--overwrite"]))
+    if results["build"]["rc"] != 0:
         return
-    image = ["--image", str(work / "input.png")] if entry.image else []
-    rc, out = _cli(["inspect", str(folder), "--json", *(image if image_options["inspect"] else [])],
-                   args.timeout, env)
-    planners: dict = {}
+    rc, out = _step(["inspect", folder, "--json", *image["inspect"]])
+    record("inspect", rc, out)
+    planners = {}
     if rc == 0:
-        entry.cells["inspect"] = "pass"
         try:
             stdout = out.split(STDERR_MARK, 1)[0]
             cache_dit = json.loads(stdout[stdout.index("{"):stdout.rindex("}") + 1]).get("cache_dit", {})
-            planners = {k: cache_dit.get(k) or {} for k in PARALLEL_ROWS.values()}
+            planners = {k: any((cache_dit.get(k) or {}).values()) for k in PARALLEL_ROWS.values()}
         except ValueError:
-            entry.reasons.append("inspect: its JSON did not parse")
-    else:
-        entry.cells["inspect"] = "FAIL"
-        entry.reasons.append(f"inspect: {_last_error(out)}{_where(out)}")
-    rows = ["cache"]
-    for row, key in PARALLEL_ROWS.items():
-        if args.skip_parallel:
-            entry.cells[row] = "skipped"
-        elif rc == 0 and not any((planners.get(key) or {}).values()):
-            entry.cells[row] = "no planner"
-        else:  # planners known, or inspect failed and the run tells
-            rows.append(row)
+            pass
+    rows = ["cache"] + [row for row, key in PARALLEL_ROWS.items()
+                        if not job["skip_parallel"] and (rc != 0 or planners.get(key))]
+    results["rows"] = rows
+    record("run", *_step(["run", folder, "--rows", ",".join(rows), "--out", job["run_dir"], *image["run"]]))
+
+
+def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_options: dict[str, bool]) -> None:
+    start = time.monotonic()
+    folder = work / entry.name.replace("/", "+")
     run_dir = folder.with_name(folder.name + ".run")
-    rc, out = _cli(["run", str(folder), "--rows", ",".join(rows), "--out", str(run_dir),
-                    *(image if image_options["run"] else [])], args.run_timeout, env)
+    result = folder.with_name(folder.name + ".steps.json")
+    result.unlink(missing_ok=True)
+    image = ["--image", str(work / "input.png")] if entry.image else []
+    job = {"name": entry.name, "folder": str(folder), "run_dir": str(run_dir), "result": str(result),
+           "skip_parallel": args.skip_parallel, "image": {k: image if v else [] for k, v in image_options.items()}}
+    try:
+        subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], env=env, cwd=ROOT, check=False,
+                       timeout=args.timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        late = None
+    except subprocess.TimeoutExpired:
+        late = f"timed out after {args.timeout:.0f} s"
+    steps = json.loads(result.read_text()) if result.is_file() else {}
+    entry.seconds = time.monotonic() - start
+    for step, column in (("build", "built"), ("inspect", "inspect")):
+        got = steps.get(step)
+        if got is None:
+            entry.reasons.append(f"{step}: {late or 'the worker ended before this step'}")
+            return
+        entry.cells[column] = ("yes" if column == "built" else "pass") if got["rc"] == 0 else \
+            ("no" if column == "built" else "FAIL")
+        if got["rc"] != 0:
+            entry.reasons.append(f"{step}: {_last_error(got['out'])}{_where(got['out'])}")
+            if step == "build":
+                return
+    rows = steps.get("rows", ["cache"])
+    for row in PARALLEL_ROWS:
+        if row not in rows:
+            entry.cells[row] = "skipped" if args.skip_parallel else "no planner"
+    out = steps.get("run", {}).get("out", late or "the worker ended before the run")
     report_path = run_dir / "report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else None
     by_name = {r["name"]: r for r in (report or {}).get("rows", [])}
@@ -186,12 +226,11 @@ def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_option
             entry.reasons.append(f"{row}: {_row_reason(got)}")
     for row in rows:
         entry.cells.setdefault(row, "FAIL")
-    entry.seconds = time.monotonic() - start
 
 
 def _row_reason(row: dict) -> str:
     """A failed row's first reason, with the innermost frame of its traceback where it raised."""
-    why = (row.get("reasons") or [row.get("status")])[0]
+    why = str((row.get("reasons") or [row.get("status")])[0]).split(" — ")[0]  # the reason, not the hint after it
     error = row.get("error") or {}
     return f"{str(why)[:300]}{_where(error.get('traceback', '')) if isinstance(error, dict) else ''}"
 
@@ -231,11 +270,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", help="comma-separated zoo names (pipe/flux-kontext or flux-kontext, flux)")
     parser.add_argument("--skip-parallel", action="store_true", help="run only the cache row")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for building or inspecting one")
-    parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds for one pipeline's rows")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds for one pipeline: build, inspect and rows (default 900)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"Markdown file (default {RESULTS})")
     parser.add_argument("--work", type=Path, help="folder for the models and runs (default: a temporary one)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # one pipeline's steps, as a job in JSON
     args = parser.parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker))
+        return 0
 
     start = time.monotonic()
     prefixes = families()
@@ -247,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     _test_image(work / "input.png")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), DITGATE_HOME=str(work / "home"))
-    image_options = {cmd: _has_option(cmd, "--image", env) for cmd in ("run", "inspect")}
+    image_options = {cmd: _has_option(cmd, "--image") for cmd in ("run", "inspect")}
     for entry in todo:
         survey_one(entry, work, args, env, image_options)
         print(f"{entry.name:<28} " + " ".join(f"{c}={entry.cells.get(c, '-')}" for c in COLUMNS)

@@ -10,12 +10,12 @@ May import: `ditgate.zoo.builders` and `ditgate.zoo.tokenizers` (the zoo package
 
 from __future__ import annotations
 
-from ditgate.zoo.pipelines import image_dit, image_mmdit, video
+from ditgate.zoo.pipelines import image_dit, image_llm, image_mmdit, video, video_wan
 from ditgate.zoo.pipelines.spec import PipelineSpec
 
 PREFIX = "pipe/"
 
-SPECS: list[PipelineSpec] = image_mmdit.SPECS + image_dit.SPECS + video.SPECS
+SPECS: list[PipelineSpec] = image_mmdit.SPECS + image_dit.SPECS + image_llm.SPECS + video.SPECS + video_wan.SPECS
 
 PIPELINES: dict[str, PipelineSpec] = {s.name: s for s in SPECS}
 
