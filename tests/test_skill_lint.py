@@ -193,6 +193,15 @@ def test_reading_path_per_route_and_its_budget(skill):
     assert report.findings == [] and report.routes[0].pages["references/cache.md#gate"] == 3
 
 
+def test_cli_prints_the_reading_path_of_every_route(skill, run_cli):
+    edit(skill / "SKILL.md", "## Phases\n", ROUTES)
+    code, out, _ = run_cli("lint", skill, "--disable", "api")
+    assert code == 0 and "reading path: route 1: " in out and "reading path: route 2: " in out
+    code, out, _ = run_cli("lint", skill, "--disable", "api", "--json")
+    routes = json.loads(out)["routes"]
+    assert [r["route"] for r in routes] == ["1", "2"] and routes[1]["pages"]["references/audio.md"] == 3
+
+
 # --- routes, reachability, phase files ------------------------------------------------------------------------------
 
 def test_unreachable_reference(skill):
