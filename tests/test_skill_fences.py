@@ -7,17 +7,15 @@ through runpy), so the libraries are imported once. A trailing `# exits N` says 
 fault), otherwise it must exit 0. How a line runs, by what it costs on a CPU:
 
 - full: `ditgate inspect`, `ditgate zoo build`, `ditgate lint`, the cache row of `zoo:flux` (the first gated row of
-  route 2, about 8 s) and of `zoo:flux3` with its plugin (the modular route, about 10 s) (`FULL_RUNS`; a line asking
-  for the same run again reuses its exit code), and the scripts that run in a few seconds (`mask_reorder.py`,
-  `generate.py list`);
+  route 2, about 8 s; `FULL_RUNS`, and a line asking for the same run again reuses its exit code), and the scripts
+  that run in a few seconds (`mask_reorder.py`, `generate.py list`);
 - dry: every other `ditgate run` line (multi-rank rows, the whole default matrix of a model: minutes on a CPU). Its
   arguments parse with ditgate's parser, its rows exist, its model resolves, its integration file loads as a plugin
   from this folder, and each row passes the run's own preflight (heads and tokens divide, the cache schedule fits).
   `ditgate checklist` and `ditgate notebook run` lines likewise: the checklist validates (the notebooks exist), the
   model resolves, the plugin loads. What those
-  rows do is tested where they are built: test_runner, test_custom_model, test_hard_architectures, test_modular
-  (every row of zoo:flux as FluxModularPipeline, zoo:flux3's cp row, the wrong calls-per-step plugin), test_audio,
-  test_checklists;
+  rows do is tested where they are built: test_runner, test_custom_model, test_hard_architectures, test_modular,
+  test_audio, test_checklists; and tests/test_skill_modular.py runs references/modular_pipeline.md's lines in full;
 - help: the recipe scripts that start gloo workers (`fused_qkv_tp.py`, `rope_global_slice.py`) run with `--help`
   here (the path resolves, the script imports and parses its arguments); tests/test_skill_recipes.py runs them in
   full, correct and with the recipe's step removed.
@@ -43,8 +41,7 @@ from ditgate.skill.commandlines import RUNNABLE, SHELL_FENCES, logical_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 EXITS = re.compile(r"\s+#\s*exits\s+(\d+)\s*$")
-FULL_RUNS = {"ditgate run zoo:flux --rows cache",
-             'ditgate run zoo:flux3 --integration "$SKILL_DIR/examples/flux3/integration.py" --rows cache'}
+FULL_RUNS = {"ditgate run zoo:flux --rows cache"}
 FULL_SCRIPTS = {"mask_reorder.py": [], "generate.py": ["list"]}
 HELP_SCRIPTS = {"fused_qkv_tp.py", "rope_global_slice.py"}
 FULL_SUBCOMMANDS = {"inspect", "zoo", "lint"}
