@@ -414,6 +414,21 @@ def test_shell_variables_and_placeholders_are_not_judged(skill):
     assert "unrecognized arguments: --seeed 1" in warning.message
 
 
+@pytest.mark.parametrize("span, expected", [
+    ("ditgate run MODEL --rws cache", "`ditgate run` has no option --rws"),
+    ("ditgate run MODEL --launch twice", "--launch twice: not one of once, per-row"),
+    ("ditgate frobnicate MODEL", "no ditgate command `frobnicate`"),
+    ("ditgate skill install --layot all", "`ditgate skill install` has no option --layot"),
+])
+def test_partial_commands_in_code_spans(skill, span, expected):
+    edit(skill / "SKILL.md", "The gate table is", "`ditgate run MODEL --rows cache`, `ditgate gate` and"
+         " `ditgate run --height H --launch per-row`. The gate table is")
+    assert lint(skill).findings == []                   # what a span leaves out is not judged
+    edit(skill / "SKILL.md", "The gate table is", f"`{span}`. The gate table is")
+    [finding] = only(lint(skill), "command")
+    assert finding.severity == "error" and expected in finding.message, finding.format()
+
+
 # --- the command ----------------------------------------------------------------------------------------------------
 
 def test_cli_reports_and_exit_codes(skill, run_cli):

@@ -2,9 +2,10 @@
 
 A fence whose info string is `bash runnable` is run by CI; every `ditgate ...` line in it must parse with
 `ditgate.cli.build_parser()` (known subcommand and flags) or it is an error. In other shell fences an unknown
-subcommand or flag is a warning (a planned command may be shown there). Values holding shell variables (`$MODEL`)
-and placeholders (`--height H`, `--phase PHASE`, `<model>`) are not judged, and usage-style optional groups
-(`[--steps N]`) are dropped.
+subcommand or flag is a warning (a planned command may be shown there). An inline code span that starts with
+`ditgate ` may be a partial command: its subcommand, options and option choices are checked (errors), not what it
+leaves out. Values holding shell variables (`$MODEL`) and placeholders (`--height H`, `--phase PHASE`, `<model>`)
+are not judged, and usage-style optional groups (`[--steps N]`) are dropped.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ SHELL_FENCES = ("bash", "sh", "shell", "zsh", "console")
 RUNNABLE = "runnable"
 _PLACEHOLDER = re.compile(r"<[A-Za-z][\w.-]*>")
 _OPTIONAL_GROUP = re.compile(r"\[\s*-[^\]]*\]")
+_UNJUDGED_WORD = re.compile(r"^(?:[A-Z][A-Z0-9_]*|.*\$.*|PLACEHOLDER)$")
 _UNJUDGED_VALUE = re.compile(r"invalid [\w ]*(?:value|choice): '([A-Z][A-Z0-9_]*|[^']*\$[^']*)'")
 _REDIRECT = re.compile(r"(?<!\S)\d*(?:>>?|<)(?:&\d+|\s*[^\s;&|]+)")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
@@ -112,6 +114,38 @@ def parse_error(parser: argparse.ArgumentParser, args: list[str]) -> str | None:
     return None
 
 
+def _subparser(parser: argparse.ArgumentParser, args: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The deepest subcommand parser `args` names, and the arguments after its name."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]    # noqa: SLF001
+        if not subs or not args or args[0] not in subs[0].choices:
+            return parser, args
+        parser, args = subs[0].choices[args[0]], args[1:]
+
+
+def flag_errors(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """Options of a partial command line (a code span: `ditgate run --rows cache`) its subcommand does not have,
+    and values outside an option's choices. Missing arguments are not judged."""
+    sub, rest = _subparser(parser, args)
+    if sub is parser and args and not args[0].startswith("-"):
+        return [f"no ditgate command `{args[0]}`"]
+    options = {o: a for a in sub._actions for o in a.option_strings}      # noqa: SLF001
+    errors = []
+    for index, word in enumerate(rest):
+        if not word.startswith("--"):
+            continue
+        name, _, inline = word.partition("=")
+        action = options.get(name)
+        if action is None:
+            errors.append(f"`ditgate {' '.join(args[:len(args) - len(rest)])}` has no option {name}")
+            continue
+        value = inline or (rest[index + 1] if index + 1 < len(rest) else None)
+        if action.choices and value and not value.startswith("-") and value not in action.choices \
+                and not _UNJUDGED_WORD.match(value):
+            errors.append(f"{name} {value}: not one of {', '.join(map(str, action.choices))}")
+    return errors
+
+
 def check_commands(skill: Skill) -> Iterator[Problem]:
     from ditgate.cli import build_parser
 
@@ -133,3 +167,13 @@ def check_commands(skill: Skill) -> Iterator[Problem]:
                     message = parse_error(parser, args)
                     if message and "$" not in message:
                         yield Problem(doc.rel, number, f"`ditgate {shlex.join(args)}`: {message}", warning=warning)
+        for span in doc.code_spans:
+            if not span.text.startswith(("ditgate ", "python -m ditgate ")):
+                continue
+            try:
+                invocations = ditgate_invocations(span.text)
+            except ValueError:
+                continue
+            for args in invocations:
+                for message in flag_errors(parser, args):
+                    yield Problem(doc.rel, span.line, f"`{span.text}`: {message}")
