@@ -155,6 +155,11 @@ class Runner:
         for row in [r for r in pending if r.world_size == 1]:
             if not self._reference_failed(row):
                 self._run_in_process(row)
+        # the rows the verdicts need, while the pipeline is still loaded (after the release they would load again)
+        later = [r for r in pending if r.world_size > 1 and r.phase]
+        self._calibrate(later)
+        self._sensitivity(later)
+        self._cache_off()
         if self.cfg.device.startswith("cuda"):
             self._release()  # the groups' ranks need the GPU memory
         pending = [r for r in pending if r.world_size == 1 or not self._reference_failed(r)]
@@ -189,11 +194,14 @@ class Runner:
                 done = _done(self.run_dir, row, self.cfg.resume)
                 self._record(self.states[row.name], done | {"resumed": True}) if done else self._run_in_process(row)
 
-    def _sensitivity(self) -> None:
-        """Run the sensitivity row when a gated row ran (see ditgate.run.discrimination)."""
-        from ditgate.run.rows import SENSITIVITY
+    def _sensitivity(self, later: list[Row] = ()) -> None:
+        """Run the sensitivity row when a gated row ran or is still to run (`later`; see ditgate.run.discrimination)."""
+        from ditgate.run.rows import BASELINE, SENSITIVITY
 
-        if SENSITIVITY.name in self.states or not any(s.ran and s.row.phase for s in self.states.values()):
+        base = self.states.get(BASELINE.name)
+        expected = bool(later) and base is not None and base.ran
+        if SENSITIVITY.name in self.states or not (expected or any(s.ran and s.row.phase
+                                                                   for s in self.states.values())):
             return
         self.states[SENSITIVITY.name] = RowState(SENSITIVITY)
         done = _done(self.run_dir, SENSITIVITY, self.cfg.resume)
@@ -223,15 +231,19 @@ class Runner:
 
                 torch.cuda.empty_cache()
 
-    def _calibrate(self) -> None:
+    def _calibrate(self, later: list[Row] = ()) -> None:
         """Run the calibration row when a gated row uses its floor (an audio row, or any row of a run in reduced
-        precision) and the run has none yet (see ditgate.gates.calibration.uses_floor)."""
+        precision) and the run has none yet (see ditgate.gates.calibration.uses_floor). `later`: gated rows still to
+        run, of the baseline's modality."""
         from ditgate.gates.calibration import uses_floor
-        from ditgate.run.rows import CALIBRATION
+        from ditgate.run.rows import BASELINE, CALIBRATION
 
+        base = self.states.get(BASELINE.name)
+        modalities = [s.result.get("modality") for s in self.states.values() if s.ran and s.row.phase]
+        if later and base is not None and base.ran:
+            modalities.append(base.result.get("modality"))
         if CALIBRATION.name in self.states or not any(
-                s.ran and s.row.phase and uses_floor(s.result.get("modality"), self.cfg.dtype, self.gate_table())
-                for s in self.states.values()):
+                uses_floor(m, self.cfg.dtype, self.gate_table()) for m in modalities):
             return
         self.states[CALIBRATION.name] = RowState(CALIBRATION)
         done = _done(self.run_dir, CALIBRATION, self.cfg.resume)
