@@ -22,14 +22,12 @@ FLUX3_WRONG_CFG = ROOT / "examples" / "flux3" / "integration_wrong_cfg.py"
 
 
 def _run(model, rows, out, **kwargs):
-    from ditgate import zoo
     from ditgate.core import request
-    from ditgate.core.loader import resolve
     from ditgate.run import rows as rows_mod
     from ditgate.run.runner import RunConfig, run
 
     cfg = RunConfig(model=model, rows=rows_mod.select(rows_mod.DEFAULT_ROWS, rows), out=out,
-                    request=request.build(zoo.read_meta(resolve(model))), **kwargs)
+                    request=request.for_model(model, pipeline=kwargs.get("pipeline")), **kwargs)
     return run(cfg, progress=lambda line: None)
 
 
@@ -104,7 +102,7 @@ def test_wrong_calls_per_step_flag_fails_on_cache_cfg(flux3_run):
     _, out = flux3_run
     path = zoo.materialize("zoo:flux3")
     row = next(r for r in DEFAULT_ROWS if r.name == "cache")
-    outcome = run_row(row, path, request.build(zoo.read_meta(path)), integration=plugin.load(FLUX3_WRONG_CFG))
+    outcome = run_row(row, path, request.for_model("zoo:flux3"), integration=plugin.load(FLUX3_WRONG_CFG))
     base = json.loads((out / "rows" / "baseline" / "result.json").read_text())["facts"]
     base_row = next(r for r in DEFAULT_ROWS if r.name == "baseline")
     checked = {p.feature: p for p in proofs.check(row, outcome.facts, base_row, base)}
@@ -162,3 +160,56 @@ def test_custom_blocks_in_the_folder_need_trust_remote_code(tmp_path):
         {"_class_name": "MyBlocks", "auto_map": {"ModularPipelineBlocks": "blocks.MyBlocks"}}))
     with pytest.raises(RemoteCodeError, match="--trust-remote-code"):
         loader.load(folder)
+
+
+def test_request_is_fitted_to_the_blocks(zoo_path):
+    """The one request object on a modular pipeline: steps from the blocks' default, an input image where the
+    standard twin needs one, a standard pipeline's CFG scale on the guider, arguments and frames no block takes
+    refused with the request's own messages."""
+    from ditgate.core import modular, request
+    from ditgate.core.errors import DitgateError
+
+    flux3 = request.for_model("zoo:flux3")
+    assert flux3.steps == 8 and flux3.steps_from == "request" and flux3.image is None
+    pipe = modular.from_pretrained(zoo_path("flux3"))
+    no_steps = request.fit_blocks(request.build({"call": {"prompt": "x"}}), pipe)
+    steps = next(p for p in pipe.blocks.inputs if p.name == "num_inference_steps")
+    assert isinstance(steps.default, int)  # required, with a default: diffusers fills it in
+    assert no_steps.steps == steps.default and no_steps.steps_from == "signature"
+    with pytest.raises(DitgateError, match=r"Flux3ModularPipeline \(its blocks\) does not accept bogus"):
+        request.for_model("zoo:flux3", call={"bogus": 1})
+    with pytest.raises(DitgateError, match="takes no frame count"):
+        request.for_model("zoo:flux3", frames=3)
+
+    qwen = request.for_model("zoo:qwen-image", pipeline="modular")
+    assert qwen.call["true_cfg_scale"] == 2.0  # QwenImagePipeline's CFG scale: the modular guider's scale
+    pipe = modular.from_pretrained(zoo_path("qwen-image"), "modular")
+    assert modular.guider_args(pipe, qwen.call) == {"true_cfg_scale": 2.0}
+    modular.configure_guider(pipe, {**qwen.call, "true_cfg_scale": 1.0})
+    assert modular.expected_calls_per_step(pipe) == 1  # scale 1: CFG off, one transformer call per step
+    modular.configure_guider(pipe, qwen.call)
+    assert pipe.guider.guidance_scale == 2.0 and modular.expected_calls_per_step(pipe) == 2
+
+
+def test_standard_twin_that_transforms_an_image_gets_one(zoo_path):
+    from ditgate.core import request
+
+    i2v = request.for_model("zoo:pipe/wan-i2v", pipeline="modular")  # WanImageToVideoPipeline's folder
+    assert (i2v.image, i2v.image_key) == ("generated", "image")
+    t2v = request.for_model("zoo:wan", pipeline="modular")
+    assert t2v.image is None
+
+
+def test_registered_adapter_found_by_the_standard_twin_name(zoo_path):
+    """cache-dit registers adapters by pipeline name prefix: SD3Transformer2DModel's adapter is StableDiffusion3's."""
+    from ditgate.core import modular
+
+    pipe = modular.from_pretrained(zoo_path("pipe/sd3"), "modular")
+    assert type(pipe).__name__ == "StableDiffusion3ModularPipeline"
+    pipe.load_components()
+    adapter, why = modular.registered_adapter(pipe, skip_post_init=True)
+    assert adapter is not None, why
+    assert adapter.transformer is pipe.transformer and adapter.has_separate_cfg  # CFG guider: 2 calls per step
+    flux3 = modular.load(zoo_path("flux3"))
+    adapter, why = modular.registered_adapter(flux3, skip_post_init=True)
+    assert adapter is None and "refuses Flux3Transformer2DModel" in why

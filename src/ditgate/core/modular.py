@@ -10,8 +10,9 @@ A folder is modular when it holds `modular_model_index.json`, or when `--pipelin
 Custom blocks shipped in the folder (`modular_config.json` with an `auto_map`) are code from the model folder: they
 run only with `trust_remote_code=True`.
 
-A modular pipeline returns values of its state by name. `call` asks for the whole state, so the decoded output
-(read by the name the blocks declare: images, videos, audio) and the final latents come from one call.
+A request is fitted to the blocks' inputs (`block_parameters`, read by `ditgate.core.request.fit_blocks`). A modular
+pipeline returns values of its state by name: `call` asks for the whole state and reads the output by the name the
+blocks declare (images, videos, audio); turning it into an array is `ditgate.run.outputs`' job, as for any pipeline.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ SHORTHAND = "modular"  # --pipeline modular: the standard folder through its mod
 # Output names of decoded results, in the order they are looked for, with the modality each one is.
 OUTPUT_NAMES = (("images", "image"), ("image", "image"), ("videos", "video"), ("video", "video"),
                 ("frames", "video"), ("audios", "audio"), ("audio", "audio"))
+# Call arguments of standard pipelines that a modular pipeline keeps on its guider, and the guider's name for each
+# (QwenImagePipeline's true CFG scale is the modular pipeline's ClassifierFreeGuidance scale).
+GUIDER_ARGS = {"guidance_scale": "guidance_scale", "true_cfg_scale": "guidance_scale"}
 OUTPUT_KEY = "output"  # request.call["output"]: the state value to read, when the blocks' own names are not wanted
 
 
@@ -189,6 +193,28 @@ def check(path: Path, pipeline: str | None, trust_remote_code: bool, call: dict[
     call_kwargs(pipe, call)
 
 
+def standard_class(path: Path) -> str | None:
+    """The standard pipeline class of a standard folder run through its modular counterpart (model_index.json)."""
+    try:
+        return json.loads((Path(path) / "model_index.json").read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def block_parameters(pipe, call: dict[str, Any]) -> dict[str, Any]:
+    """The blocks' inputs as `inspect.Parameter`s (a required input without a default value has none), with the request's guider
+    arguments and the output name: what `ditgate.core.request.fit_blocks` fits a request to, as a `__call__`'s."""
+    import inspect
+
+    keyword, empty = inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.empty
+    params = {p.name: inspect.Parameter(p.name, keyword, default=empty if p.required and p.default is None
+                                        else p.default) for p in pipe.blocks.inputs if p.name}
+    kinds = {p.kwargs_type for p in pipe.blocks.inputs if p.kwargs_type}  # inputs passed by kind, as a mapping
+    for name in [*guider_args(pipe, call), *kinds, OUTPUT_KEY]:
+        params.setdefault(name, inspect.Parameter(name, keyword, default=None))
+    return params
+
+
 # ------------------------------------------------------------------------------------------------ calling
 def declared_outputs(pipe) -> list[str]:
     """Names the pipeline's blocks declare as outputs (falling back to their intermediate outputs)."""
@@ -223,11 +249,27 @@ def output_name(pipe, request_call: dict[str, Any]) -> tuple[str, str]:
                            f" name the value to read with the call argument {OUTPUT_KEY}=NAME")
 
 
+def guider_args(pipe, call: dict[str, Any]) -> dict[str, Any]:
+    """The request's arguments that a modular pipeline keeps on its guider component instead of taking them as
+    block inputs (a standard pipeline's `guidance_scale`, e.g. Wan, LTX, Qwen-Image; FLUX.1's distilled guidance
+    stays a block input)."""
+    guider = getattr(pipe, "guider", None)
+    inputs = set(pipe.blocks.input_names)
+    return {k: call[k] for k, attr in GUIDER_ARGS.items() if k in call and k not in inputs and hasattr(guider, attr)}
+
+
+def configure_guider(pipe, call: dict[str, Any]) -> None:
+    """Set the request's guider arguments on the guider (before anything counts the calls per step it makes)."""
+    for key, value in guider_args(pipe, call).items():
+        setattr(pipe.guider, GUIDER_ARGS[key], value)
+
+
 def call_kwargs(pipe, call: dict[str, Any]) -> dict[str, Any]:
-    """The request's arguments the blocks take as inputs; an argument no block takes is an error."""
+    """The request's arguments the blocks take as inputs; an argument no block (nor the guider) takes is an error."""
     inputs = set(pipe.blocks.input_names)
     kwargs_types = {p.kwargs_type for p in pipe.blocks.inputs if p.kwargs_type}
-    args = {k: v for k, v in call.items() if k != OUTPUT_KEY}
+    on_guider = guider_args(pipe, call)
+    args = {k: v for k, v in call.items() if k != OUTPUT_KEY and k not in on_guider}
     unknown = sorted(k for k in args if k not in inputs and k not in kwargs_types)
     if unknown:
         raise DitgateError(f"{type(pipe).__name__} takes no input {', '.join(unknown)} (its blocks take "
@@ -239,47 +281,55 @@ def call_kwargs(pipe, call: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Result:
-    """What one modular call produced: the decoded output, its modality, the final latents from the state."""
+    """What one modular call produced: the state value read as the output, its name, the state's latents."""
 
     output: Any
-    modality: str
+    name: str
     latents: Any  # torch.Tensor or None
 
 
-def call(pipe, call: dict[str, Any], generator) -> Result:
-    """Call `pipe` once with the request's arguments and read the output and the latents from its state."""
+def call(pipe, call: dict[str, Any], generator, inputs: dict[str, Any] | None = None) -> Result:
+    """Call `pipe` once with the request's arguments (and `inputs`, e.g. its input image) and read the output by
+    name and the latents from its state."""
     import torch
 
-    name, modality = output_name(pipe, call)
-    kwargs = call_kwargs(pipe, call)
+    name, _ = output_name(pipe, call)
+    configure_guider(pipe, call)
+    kwargs = {**call_kwargs(pipe, call), **(inputs or {})}
     with torch.no_grad():
         state = pipe(**kwargs, generator=generator)
     output = state.get(name)
     if output is None:
         raise ModularLoadError(f"{type(pipe).__name__}'s call left no value named {name!r} in its state")
     latents = state.get("latents")
-    return Result(output=output, modality=modality, latents=latents if isinstance(latents, torch.Tensor) else None)
+    return Result(output=output, name=name, latents=latents if isinstance(latents, torch.Tensor) else None)
 
 
 def registered_adapter(pipe, **kwargs):
-    """cache-dit's registered BlockAdapter for the transformer's class, built on the modular pipeline (the adapter
-    functions read `pipe.transformer` like any pipeline's), with has_separate_cfg as the guider decides;
-    (adapter, None), or (None, why there is none). `kwargs` go to the adapter function (skip_post_init=True)."""
+    """cache-dit's registered BlockAdapter for the modular pipeline, built on it (the adapter functions read
+    `pipe.transformer` like any pipeline's), with has_separate_cfg as the guider decides; (adapter, None), or
+    (None, why there is none). cache-dit looks adapters up by the pipeline class name's prefix
+    (`BlockAdapterRegister.get_adapter`): the modular class's name less "ModularPipeline" is its standard twin's
+    prefix (StableDiffusion3, Wan, QwenImage, ...); the transformer's class name is tried next (FluxTransformer...,
+    Flux3Transformer...). `kwargs` go to the adapter function (skip_post_init=True)."""
     from cache_dit.caching.block_adapters.block_registers import BlockAdapterRegister
 
     transformer = getattr(pipe, "transformer", None)
     if transformer is None:
         return None, f"{type(pipe).__name__} has no transformer component"
-    name = type(transformer).__name__
-    for prefix, build in BlockAdapterRegister._adapters.items():
-        if name.startswith(prefix):
+    refused = None
+    for name in (type(pipe).__name__.removesuffix("ModularPipeline"), type(transformer).__name__):
+        for prefix, build in BlockAdapterRegister._adapters.items():
+            if not name or not name.startswith(prefix):
+                continue
             try:
                 adapter = build(pipe, **kwargs)
             except (AssertionError, AttributeError, ValueError) as exc:
-                return None, f"cache-dit's adapter for prefix {prefix!r} refuses {name}: {_one_line(exc)}"
+                refused = f"cache-dit's adapter for prefix {prefix!r} refuses {name}: {_one_line(exc)}"
+                continue
             adapter.has_separate_cfg = expected_calls_per_step(pipe) > 1
             return adapter, None
-    return None, f"cache-dit registers no adapter for {name}"
+    return None, refused or f"cache-dit registers no adapter for {type(pipe).__name__} or {type(transformer).__name__}"
 
 
 # ------------------------------------------------------------------------------------------------ the block tree

@@ -128,7 +128,14 @@ def for_model(model: str, *, pipeline: str | None = None, trust_remote_code: boo
     path = resolve_model(model)
     req = build(zoo.read_meta(path), extra=read_call_file(call_file) | dict(call or {}), **named)
     cls = call_class(path, pipeline, trust_remote_code)
-    return req if cls is None else resolve(req, cls)
+    if cls is None:  # a modular pipeline: fitted to its blocks' inputs (configs only)
+        from ditgate.core import modular
+
+        pipe = modular.from_pretrained(path, pipeline, trust_remote_code)
+        fitted = fit_blocks(req, pipe, modular.standard_class(path))
+        modular.output_name(pipe, fitted.call)
+        return fitted
+    return resolve(req, cls)
 
 
 def _parameters(cls) -> dict[str, inspect.Parameter]:
@@ -139,17 +146,33 @@ def resolve(request: Request, cls) -> Request:
     """`request` fitted to `cls.__call__` (see the module docstring); DitgateError when it cannot be."""
     from ditgate.core import modular
 
-    if modular.is_modular_class(cls):  # the blocks' inputs say what it takes: checked when the blocks are known
+    if modular.is_modular_class(cls):  # the blocks' inputs say what it takes: see fit_blocks
         return request if request.frames is None else replace(
             request, call={**request.call, "num_frames": request.frames}, frames=None)
-    params = _parameters(cls)
+    return _fit(request, _parameters(cls), f"{cls.__name__}.__call__", cls.__name__)
+
+
+def fit_blocks(request: Request, pipe, standard_class: str | None = None, strict: bool = True) -> Request:
+    """`request` fitted to a modular pipeline's blocks by the same rules, their inputs (and the guider's arguments)
+    taking the place of `__call__`'s parameters; an input image is needed when the blocks require it or the
+    folder's standard class (`standard_class`) transforms one. Not `strict`: arguments no block takes are kept."""
+    from ditgate.core import modular
+
+    params = modular.block_parameters(pipe, request.call)
+    if not strict:
+        params.update({k: inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None)
+                       for k in request.call if k not in params})
+    return _fit(request, params, f"{type(pipe).__name__} (its blocks)", standard_class or type(pipe).__name__)
+
+
+def _fit(request: Request, params: dict[str, inspect.Parameter], name: str, kind: str) -> Request:
+    """`request` fitted to `params` (of what `name` says); `kind` is the class name that may say it needs an image."""
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     call = dict(request.call)
-    name = cls.__name__
     if request.frames is not None:
         key = next((k for k in FRAME_NAMES if k in params), None)
         if key is None:
-            raise DitgateError(f"--frames: {name}.__call__ takes no frame count (none of {', '.join(FRAME_NAMES)}); "
+            raise DitgateError(f"--frames: {name} takes no frame count (none of {', '.join(FRAME_NAMES)}); "
                                "pass the pipeline's own argument with --call NAME=VALUE")
         call[key] = request.frames
     steps_from = request.steps_from
@@ -163,18 +186,18 @@ def resolve(request: Request, cls) -> Request:
     candidates = [k for k in IMAGE_NAMES if k in params]
     if image is not None:
         if not candidates:
-            raise DitgateError(f"--image: {name}.__call__ takes no input image (none of {', '.join(IMAGE_NAMES)})")
+            raise DitgateError(f"--image: {name} takes no input image (none of {', '.join(IMAGE_NAMES)})")
         image_key = candidates[0]
-    elif candidates and candidates[0] not in call and _needs_image(cls, params[candidates[0]]):
+    elif candidates and candidates[0] not in call and _needs_image(kind, params[candidates[0]]):
         image, image_key = "generated", candidates[0]
     unknown = sorted(k for k in call if k not in params) if not takes_any else []
     if unknown:
-        raise DitgateError(f"{name}.__call__ does not accept {', '.join(unknown)}")
+        raise DitgateError(f"{name} does not accept {', '.join(unknown)}")
     return replace(request, call=call, frames=None, image=image, image_key=image_key, steps_from=steps_from)
 
 
-def _needs_image(cls, param: inspect.Parameter) -> bool:
-    return param.default is inspect.Parameter.empty or bool(_NEEDS_IMAGE.search(cls.__name__))
+def _needs_image(kind: str, param: inspect.Parameter) -> bool:
+    return param.default is inspect.Parameter.empty or bool(_NEEDS_IMAGE.search(kind))
 
 
 def test_image(width: int, height: int, seed: int = 0):

@@ -120,9 +120,14 @@ def build_call(pipe, req: Request) -> tuple[dict[str, Any], list[str]]:
     output left in latent space where the pipeline allows it; and the names dropped because the pipeline does not
     take them (a modular pipeline's blocks; a standard pipeline refuses them in `request.resolve`)."""
     if modular.is_modular_class(type(pipe)):  # the blocks' inputs, not __call__(**kwargs), say what it takes
-        call = request.resolve(req, type(pipe)).call
-        taken = set(pipe.blocks.input_names) | {modular.OUTPUT_KEY}
-        return {k: v for k, v in call.items() if k in taken}, [k for k in call if k not in taken]
+        fitted = request.fit_blocks(req, pipe, strict=False)
+        modular.configure_guider(pipe, fitted.call)  # the guider then shows the calls per step the rows make
+        taken = set(pipe.blocks.input_names) | {modular.OUTPUT_KEY} | set(modular.guider_args(pipe, fitted.call))
+        call = {k: v for k, v in fitted.call.items() if k in taken}
+        image = request.input_image(fitted)
+        if image is not None:
+            call[fitted.image_key] = image
+        return call, [k for k in fitted.call if k not in taken]
     call = request.call_kwargs(pipe, request.resolve(req, type(pipe)))
     if "output_type" in inspect.signature(type(pipe).__call__).parameters:
         call["output_type"] = "latent"

@@ -165,7 +165,7 @@ def apply(row: Row, pipe, integration: Integration | None, request: Request):
         target = pipe
         cc, calibrator = cache_config(row, request.steps) if row.cache else (None, None)
         if modular.is_modular_class(type(pipe)):  # cache-dit takes a BlockAdapter, never the modular pipeline
-            target = modular_rows.block_adapter(pipe, integration, for_cache=bool(row.cache))
+            target = modular_rows.block_adapter(pipe, integration, for_cache=bool(row.cache), call=request.call)
             if cc is not None:
                 modular_rows.pin_separate_cfg(target, cc)
         elif integration is not None and integration.block_adapter is not None:

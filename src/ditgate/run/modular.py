@@ -3,14 +3,18 @@
 cache-dit 1.5.3 accepts no ModularPipeline (`enable_cache` raises "type … is not valid"), so every row hands it a
 `BlockAdapter` whose `pipe` is the modular pipeline (pipeline level). cache-dit then wraps the pipeline class's
 `__call__` and resets the cache context on every call; `disable_cache` and the class snapshot take the wrapper off
-again. Measured on zoo:flux loaded as FluxModularPipeline (benchmarks/modular_adapter_level.py): the pipeline level
-and the transformer level with `refresh_context` before each call give the same latents and the same cached steps
-call after call, also when the step count changes between calls; the transformer level without the refresh reuses
-the first call's schedule (8-step mask on a 6-step call) and drifts. An adapter with `pipe=None` (transformer level)
-from an integration file is therefore refreshed here before every call, with that call's step count.
+again. Measured on zoo:flux loaded as FluxModularPipeline, calls of 8, 6 and 8 steps on one pipeline
+(benchmarks/modular_adapter_level.py, results/modular_adapter_level.md): the pipeline level and the transformer
+level (`pipe=None`) with `refresh_context` before each call give bit-identical latents and the same cached steps on
+every call, with the static schedule and with a residual threshold. Without the refresh the transformer level keeps
+counting steps across calls: the 6-step call caches its step 0 (no warm-up), its latents move 0.046 from the
+pipeline level's (0.023 between the cached and uncached call), and `cache_dit.summary` still reports the first
+call's cached steps. An adapter with `pipe=None` (transformer level) from an integration file is therefore
+refreshed here before every call, with that call's step count.
 
-The adapter is the integration file's `block_adapter(pipe)`, else cache-dit's registered adapter for the
-transformer's class, called with the modular pipeline (it reads `pipe.transformer` like any pipeline). Parallel
+The adapter is the integration file's `block_adapter(pipe)`, else cache-dit's registered adapter (looked up by the
+standard twin's name, then the transformer's class: `ditgate.core.modular.registered_adapter`), called with the
+modular pipeline (it reads `pipe.transformer` like any pipeline). Parallel
 rows without a cache get an adapter too: cache-dit then takes the transformer from it and the text encoder / VAE
 from its `pipe`.
 
@@ -21,7 +25,6 @@ row records the value cache-dit used next to the calls per step it observed; the
 from __future__ import annotations
 
 import contextlib
-from types import SimpleNamespace
 from typing import Any
 
 from ditgate.core import modular
@@ -34,10 +37,12 @@ def is_transformer_level(adapter) -> bool:
     return adapter is not None and (adapter.pipe is None or isinstance(adapter.pipe, FakeDiffusionPipeline))
 
 
-def block_adapter(pipe, integration, *, for_cache: bool):
-    """The BlockAdapter every row of a modular pipeline gives cache-dit."""
+def block_adapter(pipe, integration, *, for_cache: bool, call: dict[str, Any] | None = None):
+    """The BlockAdapter every row of a modular pipeline gives cache-dit (the request's guider arguments set first:
+    the guider decides the calls per step the adapter declares)."""
     from cache_dit import BlockAdapter
 
+    modular.configure_guider(pipe, call or {})
     if integration is not None and integration.block_adapter is not None:
         return integration.block_adapter(pipe)
     adapter, why = modular.registered_adapter(pipe)
@@ -124,61 +129,23 @@ def keep_forward_signatures(pipe) -> list[str]:
 
 
 def generate(pipe, request, probes, target=None):
-    """One call of the modular pipeline: refresh a transformer-level cache first, keep the state's latents."""
+    """One call of the modular pipeline, refreshing a transformer-level cache first. The latents are the denoise
+    loop's last scheduler step, seen by the probes as for any pipeline (a family that unpacks its latents after the
+    loop, e.g. FLUX.1's (1, 1024, 16) tokens into (1, 4, 64, 64), keeps the unpacked ones in its state); the output
+    goes to `ditgate.run.outputs` under its state name, which tells its modality where that name is a known one."""
     import cache_dit
     import torch
+
+    from ditgate.core.request import input_image
+    from ditgate.run.outputs import FIELDS
 
     if target is not None and is_transformer_level(target) and request.steps:
         for transformer in _as_list(target.transformer):
             cache_dit.refresh_context(transformer, num_inference_steps=request.steps)
     generator = torch.Generator("cpu").manual_seed(request.seed)
-    with _LastStep(getattr(pipe, "scheduler", None)) as last:
-        result = modular.call(pipe, request.call, generator)
-    probes.latents = _final_latents(result.latents, last.sample, probes.noise)
-    return SimpleNamespace(**{_ATTRIBUTE[result.modality]: result.output})
-
-
-def _final_latents(state_latents, loop_latents, noise):
-    """The final latents in the layout of the initial noise (the first transformer input), so that the tensor rule
-    can measure how far they moved: the state's `latents` when the layouts agree, else the denoise loop's last
-    scheduler step (a family that unpacks its latents after the loop, e.g. FLUX.1's (1, 1024, 16) tokens into
-    (1, 4, 64, 64), stores the unpacked ones in its state)."""
-    chosen = state_latents
-    if noise is not None and (chosen is None or tuple(chosen.shape) != tuple(noise.shape)):
-        if loop_latents is not None and tuple(loop_latents.shape) == tuple(noise.shape):
-            chosen = loop_latents
-    return None if chosen is None else chosen.detach().float().cpu().clone()
-
-
-class _LastStep:
-    """Keeps the output of the last `scheduler.step` of a call (an instance attribute, taken off afterwards)."""
-
-    def __init__(self, scheduler):
-        self.scheduler, self.sample = scheduler, None
-
-    def __enter__(self):
-        import torch
-
-        step = getattr(self.scheduler, "step", None)
-        if step is None:
-            return self
-
-        def recording(*args, **kwargs):
-            out = step(*args, **kwargs)
-            value = out[0] if isinstance(out, tuple) else getattr(out, "prev_sample", None)
-            if isinstance(value, torch.Tensor):
-                self.sample = value.detach()
-            return out
-
-        self.scheduler.step = recording
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.scheduler is not None and "step" in vars(self.scheduler):
-            del self.scheduler.step
-
-
-_ATTRIBUTE = {"image": "images", "video": "frames", "audio": "audios"}  # the attribute execute reads for each
+    image = input_image(request)
+    result = modular.call(pipe, request.call, generator, None if image is None else {request.image_key: image})
+    return {result.name: result.output} if result.name in dict(FIELDS) else result.output
 
 
 def _as_list(value) -> list:
