@@ -187,7 +187,19 @@ def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_option
     except subprocess.TimeoutExpired:
         late = f"timed out after {args.timeout:.0f} s"
     steps = json.loads(result.read_text()) if result.is_file() else {}
-    entry.seconds = time.monotonic() - start
+    steps["seconds"] = time.monotonic() - start
+    if late:
+        steps["late"] = late
+    result.write_text(json.dumps(steps))
+    judge(entry, work, steps, args.skip_parallel)
+
+
+def judge(entry: Entry, work: Path, steps: dict, skip_parallel: bool) -> None:
+    """The table cells and reasons of one pipeline, from its worker's steps and its run's report.json."""
+    folder = work / entry.name.replace("/", "+")
+    run_dir = folder.with_name(folder.name + ".run")
+    late = steps.get("late")
+    entry.seconds = steps.get("seconds", 0.0)
     for step, column in (("build", "built"), ("inspect", "inspect")):
         got = steps.get(step)
         if got is None:
@@ -202,7 +214,7 @@ def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_option
     rows = steps.get("rows", ["cache"])
     for row in PARALLEL_ROWS:
         if row not in rows:
-            entry.cells[row] = "skipped" if args.skip_parallel else "no planner"
+            entry.cells[row] = "skipped" if skip_parallel else "no planner"
     out = steps.get("run", {}).get("out", late or "the worker ended before the run")
     report_path = run_dir / "report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else None
@@ -252,7 +264,8 @@ def markdown(done: list[Entry], missing: dict[str, list[str]], runs: list[dict])
     for e in done:
         cells = " | ".join(e.cells.get(c, "–") for c in COLUMNS)
         reason = "; ".join(e.reasons).replace("|", "/") or ""
-        lines.append(f"| zoo:{e.name} | {e.family} | {e.pipeline} | {cells} | {e.seconds:.0f} | {reason} |")
+        seconds = f"{e.seconds:.0f}" if e.seconds else "–"  # unknown for steps a collected survey did not time
+        lines.append(f"| zoo:{e.name} | {e.family} | {e.pipeline} | {cells} | {seconds} | {reason} |")
     lines += ["", "Totals:", ""]
     for c in COLUMNS:
         ok = sum(e.cells.get(c) in ("yes", "pass") for e in done)
@@ -274,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for one pipeline: build, inspect and rows (default 900)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"Markdown file (default {RESULTS})")
     parser.add_argument("--work", type=Path, help="folder for the models and runs (default: a temporary one)")
+    parser.add_argument("--collect", action="store_true",
+                        help="write the results of what a survey into --work has finished so far (runs nothing)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # one pipeline's steps, as a job in JSON
     args = parser.parse_args(argv)
     if args.worker:
@@ -286,27 +301,42 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         wanted = {n.strip().removeprefix("zoo:") for n in args.only.split(",")}
         todo = [e for e in todo if e.name in wanted or e.name.removeprefix("pipe/") in wanted]
+    if args.collect and not args.work:
+        parser.error("--collect needs --work")
     work = args.work or Path(tempfile.mkdtemp(prefix="pipeline_survey."))
     work.mkdir(parents=True, exist_ok=True)
-    _test_image(work / "input.png")
+    if not args.collect:
+        _test_image(work / "input.png")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), DITGATE_HOME=str(work / "home"))
     image_options = {cmd: _has_option(cmd, "--image") for cmd in ("run", "inspect")}
-    for entry in todo:
+    if args.collect:  # the steps a survey into --work has finished so far, nothing run
+        done = []
+        for entry in todo:
+            result = work / (entry.name.replace("/", "+") + ".steps.json")
+            if result.is_file():
+                judge(entry, work, json.loads(result.read_text()), args.skip_parallel)
+                done.append(entry)
+        todo = done
+        stamps = [p.stat().st_mtime for p in work.glob("*.steps.json")]
+        wall = (max(stamps) - (work / "input.png").stat().st_mtime) if stamps else 0.0
+    for entry in todo if not args.collect else []:
         survey_one(entry, work, args, env, image_options)
         print(f"{entry.name:<28} " + " ".join(f"{c}={entry.cells.get(c, '-')}" for c in COLUMNS)
               + f"  {entry.seconds:.0f}s  {'; '.join(entry.reasons)[:200]}", flush=True)
-    wall = time.monotonic() - start
+    wall = wall if args.collect else time.monotonic() - start
     command = "python benchmarks/pipeline_survey.py" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     # --only updates its pipelines in the records of the last full survey; a full survey replaces them all
     records = args.out.with_suffix(".json")
-    old = json.loads(records.read_text()) if args.only and records.is_file() else {"entries": [], "runs": []}
+    old = json.loads(records.read_text()) if (args.only or args.collect) and records.is_file() \
+        else {"entries": [], "runs": []}
     merged = {e["name"]: Entry(**e) for e in old["entries"]}
     merged.update({e.name: e for e in todo})
     order = [e.name for e in entries(prefixes)]
     done = sorted(merged.values(), key=lambda e: order.index(e.name) if e.name in order else len(order))
-    runs = old["runs"] + [{"command": command, "pipelines": len(todo), "wall_s": round(wall, 1),
-                           "skip_parallel": args.skip_parallel}]
+    runs = [r for r in old["runs"] if not (args.collect and r.get("work") == str(work))] + [
+        {"command": command, "pipelines": len(todo), "wall_s": round(wall, 1), "skip_parallel": args.skip_parallel,
+         "work": str(work)}]
     records.parent.mkdir(parents=True, exist_ok=True)
     records.write_text(json.dumps({"entries": [asdict(e) for e in done], "runs": runs}, indent=1) + "\n")
     missing = uncovered(prefixes, {e.family for e in entries(prefixes)})

@@ -11,7 +11,7 @@ from ditgate.zoo.builders import _seeded, _t5
 from ditgate.zoo.tokenizers import _byte_alphabet, clip_tokenizer, qwen2_tokenizer, t5_tokenizer
 
 __all__ = ["t5", "t5_tokenizer", "clip_tokenizer", "qwen2_tokenizer", "umt5", "clip", "llama", "gemma2", "qwen3",
-           "glm", "bert", "qwen25vl", "qwen2vl", "llm_tokenizer", "byt5_tokenizer", "bert_tokenizer", "CHAT_TEMPLATE"]
+           "glm", "bert", "qwen25vl", "qwen25vl_text", "qwen2vl", "llm_tokenizer", "byt5_tokenizer", "bert_tokenizer", "CHAT_TEMPLATE"]
 
 # A chat template in the shape of Qwen's: each message's text between role markers; the generation prompt opens an
 # assistant turn. Pipelines that encode with `apply_chat_template` need one; the tiny tokenizers have none otherwise.
@@ -107,6 +107,14 @@ def qwen25vl(seed: int, d: int = 32):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     return _seeded(seed, lambda: Qwen2_5_VLForConditionalGeneration(_qwen_vl_config(Qwen2_5_VLConfig, d)))
+
+
+def qwen25vl_text(seed: int, d: int = 32):
+    """The text model of `qwen25vl` alone (HunyuanVideo 1.5 takes it without the vision tower)."""
+    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    config = _qwen_vl_config(lambda text_config, **_: Qwen2_5_VLTextConfig(**text_config), d)
+    return _seeded(seed, lambda: Qwen2_5_VLTextModel(config))
 
 
 def qwen2vl(seed: int, d: int = 32):

@@ -1,5 +1,5 @@
-"""Tiny video pipelines on Wan-style blocks and their kin: Helios, AnyFlow, ChronoEdit (image edit as a 2-frame
-video), EasyAnimate.
+"""Tiny video pipelines on Wan-style blocks and their kin: Wan 2.2 (two transformers), Helios, AnyFlow, ChronoEdit
+(image edit through frames), EasyAnimate, HunyuanVideo 1.5.
 
 Same conventions as `video`: 4 heads, text width 32, the smallest frame counts the causal VAEs take.
 """
@@ -11,6 +11,42 @@ from ditgate.zoo.pipelines import encoders as enc
 from ditgate.zoo.pipelines.spec import PipelineSpec
 from ditgate.zoo.pipelines.spec import video_call as _video
 from ditgate.zoo.pipelines.video import _wan_transformer, _wan_vae
+
+
+def build_wan22(seed: int = 0):
+    """WanPipeline with Wan 2.2's two experts: `transformer` for the high-noise steps, `transformer_2` after the
+    boundary; UMT5; UniPC flow scheduler."""
+    from diffusers import UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    return WanPipeline(transformer=_wan_transformer(WanTransformer3DModel, seed),
+                       transformer_2=_wan_transformer(WanTransformer3DModel, seed + 5), vae=_wan_vae(seed + 2),
+                       scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                         flow_shift=3.0),
+                       text_encoder=enc.umt5(seed + 1), tokenizer=enc.t5_tokenizer(), boundary_ratio=0.875)
+
+
+def build_hunyuanvideo15(seed: int = 0):
+    """HunyuanVideo15Pipeline: single-stream-free dual blocks with a token refiner; Qwen2.5-VL text + byT5 glyph
+    encoder; a CFG guider."""
+    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline, \
+        HunyuanVideo15Transformer3DModel
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import T5Config, T5EncoderModel
+
+    transformer = _seeded(seed, lambda: HunyuanVideo15Transformer3DModel(
+        in_channels=9, out_channels=4, num_attention_heads=4, attention_head_dim=16, num_layers=2,
+        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=32, text_embed_2_dim=32,
+        image_embed_dim=16, rope_axes_dim=(4, 6, 6), target_size=16, task_type="t2v"))
+    vae = _seeded(seed + 3, lambda: AutoencoderKLHunyuanVideo15(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 16), layers_per_block=1,
+        spatial_compression_ratio=4, temporal_compression_ratio=2, downsample_match_channel=False,
+        upsample_match_channel=False))
+    byt5 = _seeded(seed + 2, lambda: T5EncoderModel(T5Config(
+        d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8, vocab_size=256)))
+    return HunyuanVideo15Pipeline(
+        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+        text_encoder=enc.qwen25vl_text(seed + 1), tokenizer=enc.llm_tokenizer("qwen2"),
+        text_encoder_2=byt5, tokenizer_2=enc.byt5_tokenizer(), guider=ClassifierFreeGuidance(guidance_scale=4.0))
 
 
 def build_helios(seed: int = 0):
@@ -73,6 +109,13 @@ def build_easyanimate(seed: int = 0):
 
 
 SPECS = [
+    PipelineSpec("wan22", "WanPipeline", "video",
+                 "Wan 2.2 T2V (A14B layout): two 2-block transformers split at the boundary step; UMT5; 5 frames of "
+                 "32x32 -> 2 x 64 tokens", build_wan22,
+                 _video(5, guidance_scale=4.0, guidance_scale_2=3.0, negative_prompt="blurry", max_sequence_length=16)),
+    PipelineSpec("hunyuanvideo15", "HunyuanVideo15Pipeline", "video",
+                 "HunyuanVideo 1.5 T2V: dual-stream blocks + token refiner; Qwen2.5-VL + byT5; CFG guider; 5 frames of "
+                 "32x32", build_hunyuanvideo15, _video(5)),
     PipelineSpec("helios", "HeliosPipeline", "video",
                  "Helios: Wan-style blocks with history memory patches; UMT5; 9 frames of 32x32", build_helios,
                  _video(9, guidance_scale=5.0, negative_prompt="blurry", max_sequence_length=16)),
