@@ -10,8 +10,9 @@ from __future__ import annotations
 from ditgate.zoo.builders import _seeded, _t5
 from ditgate.zoo.tokenizers import _byte_alphabet, clip_tokenizer, qwen2_tokenizer, t5_tokenizer
 
-__all__ = ["t5", "t5_tokenizer", "clip_tokenizer", "qwen2_tokenizer", "umt5", "clip", "llama", "gemma2", "qwen3",
-           "glm", "bert", "qwen25vl", "qwen25vl_text", "qwen2vl", "llm_tokenizer", "byt5_tokenizer", "bert_tokenizer", "CHAT_TEMPLATE"]
+__all__ = ["t5", "t5_tokenizer", "clip_tokenizer", "qwen2_tokenizer", "umt5", "clip", "llama", "gemma2", "qwen3", "glm",
+           "bert", "qwen25vl", "qwen25vl_text", "qwen2vl", "llm_tokenizer", "byt5_tokenizer", "bert_tokenizer",
+           "CHAT_TEMPLATE"]
 
 # A chat template in the shape of Qwen's: each message's text between role markers; the generation prompt opens an
 # assistant turn. Pipelines that encode with `apply_chat_template` need one; the tiny tokenizers have none otherwise.
