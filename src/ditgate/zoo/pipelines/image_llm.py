@@ -1,5 +1,6 @@
 """Tiny image pipelines whose text side is a language model inside or beside the DiT: Krea 2 (Qwen3-VL layers
-fed to text blocks), PRX (T5Gemma encoder), OmniGen (the transformer is a Phi-3 LLM over text and image tokens).
+fed to text blocks), PRX (T5Gemma encoder), OmniGen (the transformer is a Phi-3 LLM over text and image tokens),
+Bria FIBO (SmolLM3 layers, structured JSON prompts).
 
 Same conventions as `image_mmdit`: 4 heads, 32x32 images, seeded weights, eval mode.
 """
@@ -71,6 +72,26 @@ def build_omnigen(seed: int = 0):
                            tokenizer=enc.llm_tokenizer("llama", chat=False))
 
 
+def build_bria_fibo(seed: int = 0):
+    """BriaFiboPipeline: Flux-like double + single blocks fed SmolLM3 hidden states; the Wan 2.2 VAE (16x, 2x2
+    patches)."""
+    from diffusers import AutoencoderKLWan, BriaFiboPipeline, BriaFiboTransformer2DModel, \
+        FlowMatchEulerDiscreteScheduler
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    transformer = _seeded(seed, lambda: BriaFiboTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=64, text_encoder_dim=32, pooled_projection_dim=None, axes_dims_rope=[0, 8, 8]))
+    vae = _seeded(seed + 2, lambda: AutoencoderKLWan(
+        base_dim=32, decoder_base_dim=32, num_res_blocks=1, out_channels=12, patch_size=2, scale_factor_spatial=16,
+        scale_factor_temporal=4, temperal_downsample=[False, True, True], z_dim=16))
+    text_encoder = _seeded(seed + 1, lambda: SmolLM3ForCausalLM(SmolLM3Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        vocab_size=300, pad_token_id=0)))
+    return BriaFiboPipeline(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
+                            text_encoder=text_encoder, tokenizer=enc.t5_tokenizer())
+
+
 SPECS = [
     PipelineSpec("krea2", "Krea2Pipeline", "image",
                  "Krea 2: GQA single-stream blocks; Qwen3-VL layers through text blocks; Qwen-Image VAE",
@@ -80,4 +101,8 @@ SPECS = [
     PipelineSpec("omnigen", "OmniGenPipeline", "image",
                  "OmniGen: a Phi-3 LLM over text + image tokens is the transformer; 64x64 (8x VAE) -> 16 tokens",
                  build_omnigen, _image(size=64, guidance_scale=3.0)),
+    PipelineSpec("bria-fibo", "BriaFiboPipeline", "image",
+                 "Bria FIBO: Flux-like blocks on SmolLM3 layers; structured JSON prompt; Wan 2.2 VAE (16x); 64x64",
+                 build_bria_fibo, _image(size=64, prompt='{"text": "a tiny red cube on a table"}',
+                                         negative_prompt="blurry", guidance_scale=5.0)),
 ]

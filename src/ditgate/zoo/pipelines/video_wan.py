@@ -112,7 +112,8 @@ SPECS = [
     PipelineSpec("wan22", "WanPipeline", "video",
                  "Wan 2.2 T2V (A14B layout): two 2-block transformers split at the boundary step; UMT5; 5 frames of "
                  "32x32 -> 2 x 64 tokens", build_wan22,
-                 _video(5, guidance_scale=4.0, guidance_scale_2=3.0, negative_prompt="blurry", max_sequence_length=16)),
+                 _video(5, steps=16, guidance_scale=4.0, guidance_scale_2=3.0, negative_prompt="blurry",
+                        max_sequence_length=16)),
     PipelineSpec("hunyuanvideo15", "HunyuanVideo15Pipeline", "video",
                  "HunyuanVideo 1.5 T2V: dual-stream blocks + token refiner; Qwen2.5-VL + byT5; CFG guider; 5 frames of "
                  "32x32", build_hunyuanvideo15, _video(5)),
