@@ -155,7 +155,10 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated class names")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--merge", type=Path, help="a previous modular_survey.json: its rows for the models not run "
+                                                   "now are kept (with --only, to rerun a few)")
     args = parser.parse_args()
+    previous = json.loads(args.merge.read_text()) if args.merge else None
     start = time.perf_counter()
     runs, unbuilt, broken = plan(set(args.only.split(",")) if args.only else None)
     results: list[tuple[str, dict]] = []
@@ -172,12 +175,20 @@ def main() -> int:
     for model, why in broken.items():
         results.append(("(twin of " + model + ")", {"built": "no", "reason": why}))
     wall = time.perf_counter() - start
+    runs_done = [{"command": None, "wall_s": wall}]
+    if previous is not None:  # keep the earlier rows of everything not run now
+        ran = {(n, r.get("model")) for n, r in results} | {n for n, r in results}
+        results += [(n, r) for n, r in previous["results"] if (n, r.get("model")) not in ran
+                    and not (r.get("model") is None and n in ran)]
+        runs_done = [*previous.get("runs", [{"command": previous.get("command"), "wall_s": previous["wall_s"]}]),
+                     *runs_done]
     import diffusers
 
     shown = f"python benchmarks/modular_survey.py --device {args.device}"
     shown += f" --only {args.only}" if args.only else ""
+    runs_done[-1]["command"] = f"OMP_NUM_THREADS=1 {shown}" + (f" --merge {args.merge.name}" if args.merge else "")
     lines = [f"# Modular pipeline survey (diffusers {diffusers.__version__}, {args.device})", "",
-             f"Command: `OMP_NUM_THREADS=1 {shown}`; wall time {wall:.0f} s.", "",
+             *[f"Command: `{r['command']}`; wall time {r['wall_s']:.0f} s." for r in runs_done], "",
              "| pipeline | built | " + " | ".join(ROWS) + " | reason |", "|---" * (len(ROWS) + 3) + "|"]
     for name, r in sorted(results, key=lambda item: item[0]):
         cells = r.get("cells", {})
@@ -185,9 +196,9 @@ def main() -> int:
         built = r["built"] + (f" ({r['model']}, {r['wall_s']:.0f} s)" if r.get("model") else "")
         lines.append(f"| {name} | {built} | " + " | ".join(cells.get(row, "–") for row in ROWS) + f" | {reason} |")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "modular_survey.json").write_text(json.dumps({"wall_s": wall, "device": args.device,
-                                                              "command": shown, "results": results},
-                                                             indent=2) + "\n")
+    (args.out / "modular_survey.json").write_text(json.dumps({"wall_s": sum(r["wall_s"] for r in runs_done),
+                                                              "device": args.device, "runs": runs_done,
+                                                              "results": results}, indent=2) + "\n")
     (args.out / "modular_survey.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -3,7 +3,7 @@
 - zoo:flux loaded as FluxModularPipeline runs every default row and passes; its baseline latents equal the
   standard FluxPipeline's (the session's default run on zoo:flux) for the same seeded call;
 - zoo:flux3, a FLUX.3 Flux3ModularPipeline (no standard class exists) with examples/flux3/integration.py: baseline,
-  cache and cp-ulysses-2 pass; the plugin with the wrong calls-per-step flag fails on the cache-cfg proof;
+  cache, cp-ulysses-2 and tp-2 pass; the plugin with the wrong calls-per-step flag fails on the cache-cfg proof;
 - bad input (components that cannot load, an output the blocks do not produce) exits 2 with one line.
 """
 
@@ -40,7 +40,7 @@ def flux_modular_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def flux3_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("flux3") / "run"
-    return _run("zoo:flux3", "baseline,cache,cp-ulysses-2", out, integration=FLUX3_PLUGIN), out
+    return _run("zoo:flux3", "baseline,cache,cp-ulysses-2,tp-2", out, integration=FLUX3_PLUGIN), out
 
 
 def _error_lines(err: str) -> list[str]:
@@ -85,7 +85,7 @@ def test_flux3_modular_only_pipeline_passes_with_its_plugin(flux3_run):
     report, out = flux3_run
     rows = _rows(report)
     assert {n: r["status"] for n, r in rows.items()} == {"baseline": "reference", "cache": "passed",
-                                                         "cp-ulysses-2": "passed"}
+                                                         "cp-ulysses-2": "passed", "tp-2": "passed"}
     facts = json.loads((out / "rows" / "cache" / "result.json").read_text())["facts"]
     assert facts["calls_per_step"] == 2.0 and facts["modular"]["guider"]["class"] == "ClassifierFreeGuidance"
     proofs = {p["feature"]: p for p in rows["cache"]["proofs"]}

@@ -1,6 +1,6 @@
 """FLUX.3's cache-dit integration (a diffusers ModularPipeline), as a ditgate plugin file.
 
-    ditgate run zoo:flux3 --integration examples/flux3/integration.py --rows baseline,cache,cp-ulysses-2
+    ditgate run zoo:flux3 --integration examples/flux3/integration.py --rows baseline,cache,cp-ulysses-2,tp-2
 
 cache-dit 1.5.3 registers nothing for `Flux3Transformer2DModel`: its name starts with the registered prefix `Flux`,
 and the FLUX.1 adapter refuses it ("not in allowed classes"); there is no CP or TP planner under its name.
@@ -20,12 +20,23 @@ computed for each rank's own tokens. Attention (`Flux3AttnProcessor`) goes throu
 parallel config cache-dit sets, so Ulysses' all-to-all gathers the whole sequence of each mode block's stream and of
 the joint blocks; no mask is involved, so the order in which the ranks' text and image tokens arrive does not matter.
 `proj_out` (image tokens only) is gathered.
+
+Tensor parallelism (`tp_plan`), as cache-dit's Flux2 planner does for the same block layout: in every joint block
+q/k/v are split by heads (column-wise, `attn.heads` divided by the TP size; the per-head RMS norms and RoPE act on
+whole heads), `to_out.0` and the feed-forward's `linear_out` are row-wise (their partial sums are all-reduced), and
+`linear_in` is column-wise. `linear_in` fuses SwiGLU's gate and value halves (`Flux3SwiGLU` splits its output in
+the middle), so its rows are reordered first so that each rank's contiguous shard holds its own gate and value
+slices (cache-dit's `rerangege_swiglu_weight`); without it a rank would multiply gates with gates. The per-mode and
+text blocks stay replicated.
 """
 
 from __future__ import annotations
 
 import cache_dit
 from cache_dit.distributed.core import _ContextParallelInput, _ContextParallelOutput
+from cache_dit.distributed.transformers.flux2 import Flux2TensorParallelismPlanner
+from cache_dit.distributed.utils import shard_div_attr
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 HAS_SEPARATE_CFG = None  # None: as the guider decides (see has_separate_cfg)
 
@@ -58,3 +69,24 @@ def cp_plan(transformer, parallelism_config):
              "txt_ids": split(2, 0)},
         "proj_out": _ContextParallelOutput(gather_dim=1, expected_dims=3),
     }
+
+
+def TP_PLAN() -> dict:  # noqa: N802 - a constant, built fresh for each use
+    """The layer plan of one joint block."""
+    return {"attn.to_q": ColwiseParallel(), "attn.to_k": ColwiseParallel(), "attn.to_v": ColwiseParallel(),
+            "attn.to_out.0": RowwiseParallel(), "ff.linear_in": ColwiseParallel(), "ff.linear_out": RowwiseParallel()}
+
+
+def tp_plan(transformer, tp_mesh, parallelism_config):
+    tp_size = tp_mesh.size()
+    plan = TP_PLAN()
+    for block in transformer.single_transformer_blocks:
+        linear_in = block.ff.linear_in
+        linear_in.weight.data = Flux2TensorParallelismPlanner.rerangege_swiglu_weight(
+            linear_in.weight.data.T, tp_size).T.contiguous()
+        if linear_in.bias is not None:
+            linear_in.bias.data = Flux2TensorParallelismPlanner.rerangege_swiglu_weight(
+                linear_in.bias.data[None], tp_size)[0].contiguous()
+        shard_div_attr(block.attn, "heads", tp_size)
+        parallelize_module(block, tp_mesh, plan)
+    return [plan]

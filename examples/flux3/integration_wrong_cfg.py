@@ -16,3 +16,4 @@ _good.HAS_SEPARATE_CFG = False
 
 block_adapter = _good.block_adapter
 cp_plan = _good.cp_plan
+tp_plan = _good.tp_plan
