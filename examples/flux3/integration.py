@@ -36,7 +36,11 @@ import cache_dit
 from cache_dit.distributed.core import _ContextParallelInput, _ContextParallelOutput
 from cache_dit.distributed.transformers.flux2 import Flux2TensorParallelismPlanner
 from cache_dit.distributed.utils import shard_div_attr
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
 
 HAS_SEPARATE_CFG = None  # None: as the guider decides (see has_separate_cfg)
 
@@ -71,7 +75,7 @@ def cp_plan(transformer, parallelism_config):
     }
 
 
-def TP_PLAN() -> dict:  # noqa: N802 - a constant, built fresh for each use
+def joint_block_plan() -> dict:
     """The layer plan of one joint block."""
     return {"attn.to_q": ColwiseParallel(), "attn.to_k": ColwiseParallel(), "attn.to_v": ColwiseParallel(),
             "attn.to_out.0": RowwiseParallel(), "ff.linear_in": ColwiseParallel(), "ff.linear_out": RowwiseParallel()}
@@ -79,7 +83,7 @@ def TP_PLAN() -> dict:  # noqa: N802 - a constant, built fresh for each use
 
 def tp_plan(transformer, tp_mesh, parallelism_config):
     tp_size = tp_mesh.size()
-    plan = TP_PLAN()
+    plan = joint_block_plan()
     for block in transformer.single_transformer_blocks:
         linear_in = block.ff.linear_in
         linear_in.weight.data = Flux2TensorParallelismPlanner.rerangege_swiglu_weight(

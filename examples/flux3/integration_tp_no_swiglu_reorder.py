@@ -25,7 +25,7 @@ cp_plan = _good.cp_plan
 
 
 def tp_plan(transformer, tp_mesh, parallelism_config):
-    plan = _good.TP_PLAN()
+    plan = _good.joint_block_plan()
     for block in transformer.single_transformer_blocks:
         shard_div_attr(block.attn, "heads", tp_mesh.size())
         parallelize_module(block, tp_mesh, plan)  # ff.linear_in sharded as saved: gate and value halves apart
