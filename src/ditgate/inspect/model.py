@@ -156,6 +156,36 @@ class Anatomy:
         return asdict(self)
 
 
+_AUDIO_NAMES = ("Audio", "Music", "Speech", "Sound", "TTS")
+_VIDEO_NAMES = ("Video", "I2V", "T2V", "Mochi", "Allegro", "Latte", "Animate", "SkyReels", "Cosmos", "LTX")
+
+
+def latent_words(anatomy: "Anatomy") -> str:
+    """What the tokens of the latent sequence are, in the words of the pipeline's modality: "image tokens",
+    "video tokens" (a frame argument, or a video pipeline's name) or "audio tokens"."""
+    from ditgate.core.request import FRAME_NAMES
+
+    name = anatomy.pipeline.cls or ""
+    if any(word in name for word in _AUDIO_NAMES):
+        return "audio tokens"
+    if any(k in anatomy.call for k in FRAME_NAMES) or any(word in name for word in _VIDEO_NAMES):
+        return "video tokens"
+    return "image tokens"
+
+
+def call_size(call: dict[str, Any]) -> str:
+    """"HxW", "F frames of HxW", "2 s of audio" or "" for the call's arguments."""
+    from ditgate.core.request import FRAME_NAMES
+
+    size = "x".join(str(call[k]) for k in ("height", "width") if call.get(k) is not None)
+    frames = next((call[k] for k in FRAME_NAMES if call.get(k) is not None), None)
+    if frames is not None:
+        return f"{frames} frames" + (f" of {size}" if size else "")
+    seconds = next((call[k] for k in ("audio_end_in_s", "audio_length_in_s", "audio_duration_s", "duration")
+                    if call.get(k) is not None), None)
+    return size or (f"{seconds} s of audio" if seconds is not None else "")
+
+
 def source_file(obj: Any) -> str | None:
     try:
         return inspect.getsourcefile(obj if inspect.isclass(obj) else type(obj))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ditgate.inspect import plan_traits
+from ditgate.inspect.model import call_size, latent_words
 from ditgate.inspect.traits import split_points
 
 if TYPE_CHECKING:
@@ -60,10 +61,9 @@ def _glance(a: "Anatomy") -> list[str]:
                  f"head_dim {_n(at.head_dim)}; mask reaches attention: {'yes' if at.mask else 'no'}")
     s = a.sequence
     text = f" + {s.text_tokens} text tokens ({'joint' if s.joint else 'not joint'})" if s.text_tokens else ""
-    size = "x".join(str(a.call[k]) for k in ("height", "width") if a.call.get(k) is not None)
-    frames = f" x {a.call['num_frames']} frames" if a.call.get("num_frames") else ""
-    where = f" at {size}{frames}" if size else (f" at{frames}" if frames else " of the default call")
-    lines.append(f"- Sequence{where}: {_n(s.image_tokens)} image tokens{text}")
+    size = call_size(a.call)
+    where = f" at {size}" if size else " of the pipeline's default call"
+    lines.append(f"- Sequence{where}: {_n(s.image_tokens)} {latent_words(a)}{text}")
     return lines
 
 

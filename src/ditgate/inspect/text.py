@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ditgate.inspect.model import latent_words
 
 
 def _table(headers: list[str], rows: list[list]) -> list[str]:
@@ -49,8 +50,10 @@ def _traits(a) -> list[str]:
 
 def render(a) -> str:
     """The human report: short sections, each a small table."""
+    shown = (f"{k}={v if isinstance(v, (bool, int, float, str, list)) else type(v).__name__}"
+             for k, v in a.call.items() if k != "prompt")
     out = [f"{a.model}: {a.pipeline.cls}  ({a.pipeline.source_file})",
-           f"observed run: {a.steps} steps, " + ", ".join(f"{k}={v}" for k, v in a.call.items() if k != "prompt"), ""]
+           f"observed run: {a.steps} steps, " + ", ".join(shown), ""]
 
     out.append("Components")
     rows = [[role.rstrip("s").replace("_", " "), c.name, c.cls, c.source_file]
@@ -92,12 +95,12 @@ def render(a) -> str:
     s = a.sequence
     out.append("Sequence")
     text = f"text tokens {s.text_tokens}" if s.text_tokens is not None else "no text stream entering the blocks"
-    out.append(f"  image tokens {s.image_tokens if s.image_tokens is not None else 'unknown'}, {text}, "
+    out.append(f"  {latent_words(a)} {s.image_tokens if s.image_tokens is not None else 'unknown'}, {text}, "
                f"{'joint attention over ' + str(s.attention_tokens) + ' tokens' if s.joint else 'no joint attention'}"
                f"; batch {a.batch}")
     rows = [[r, _yes(d["image_tokens"]), _yes(d["text_tokens"]), _yes(d["heads"]), _yes(d["kv_heads"]),
              d["ulysses"], _yes(d["ring"]), _yes(d["tp"])] for r, d in s.divisibility.items()]
-    out += _table(["ranks", "image % n", "text % n", "heads % n", "kv % n", "ulysses", "ring", "tp"], rows)
+    out += _table(["ranks", f"{latent_words(a).split()[0]} % n", "text % n", "heads % n", "kv % n", "ulysses", "ring", "tp"], rows)
     out += [f"  per-token table: {t}" for t in s.per_token_tables]
     if s.gather_candidates:
         out.append(f"  after the blocks, still image-sequence long: {', '.join(s.gather_candidates)}")
