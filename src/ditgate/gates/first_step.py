@@ -8,8 +8,7 @@ side of the edges between the ranks' chunks of a context-parallel row are report
 wrong shows there first). Each threshold is the calibration row's first step less the margin (ditgate.gates.floor),
 both ways: a model whose rounding floor is high is held to it. Where the floor is not finite or was not measured,
 the default applies (the original skill's acceptance: > 30 dB, SSIM > 0.98, the minimum over frames). The
-calibration rounds only the transformer's output once; a deep model's correct integration rounds in every layer, so
-its first step may sit further below that floor than the zoo's do (gates.json says what was measured where).
+calibration rounds every block's output once, so its floor falls with depth as a correct integration's error does.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ a run in a dtype outside `rules.tensor.dtypes` (gates.json `rules.reduced_precis
 
 In bfloat16 an exact phase is not exact (other tiling, other rounding, amplified step after step), so fixed
 thresholds either fail a correct integration of a chaotic model or pass a wrong one of a calm model. The calibration
-row (ditgate.gates.calibration: the baseline with one rounding error of the run dtype in every transformer output)
-measures what this configuration's rounding costs; every output check is then derived from that floor:
+row (ditgate.gates.calibration: the baseline with one rounding error of the run dtype in every transformer and block
+output) measures what this configuration's rounding costs; every output check is then derived from that floor:
 
     decibel metrics (PSNR, SI-SDR, mel PSNR):   floor - margin_db
     similarity metrics (SSIM, tile SSIM):       1 - (1 - floor) * ssim_factor

@@ -109,8 +109,9 @@ DEFAULT_ROWS: tuple[Row, ...] = (
 # The noise floor (gates.json rules.audio.calibration, rules.reduced_precision): the runner adds it by itself when a
 # gated row uses it (an audio row; any row of a run in a dtype outside rules.tensor.dtypes).
 CALIBRATION = Row("calibration", perturb="unit_roundoff",
-                  description="the baseline again, every transformer output perturbed by one rounding error of the run "
-                              "dtype: the noise floor of audio rows and of every row in reduced precision")
+                  description="the baseline again, every transformer and transformer-block output perturbed by one "
+                              "rounding error of the run dtype: the noise floor of audio rows and of every row in "
+                              "reduced precision")
 # Whether the gates can discriminate at all (ditgate.run.discrimination): the runner adds it when a row is gated.
 SENSITIVITY = Row("sensitivity", perturb=10.0,
                   description="the baseline with every transformer output multiplied by (1 + 10 z): far outside every "
