@@ -213,3 +213,32 @@ def test_registered_adapter_found_by_the_standard_twin_name(zoo_path):
     flux3 = modular.load(zoo_path("flux3"))
     adapter, why = modular.registered_adapter(flux3, skip_post_init=True)
     assert adapter is None and "refuses Flux3Transformer2DModel" in why
+
+
+def test_transformer_level_cache_needs_a_refresh_between_calls():
+    """What run.modular's refresh rests on (benchmarks/modular_adapter_level.py, two calls of 6 then 4 steps on one
+    pipeline): the pipeline level and the transformer level refreshed before each call agree bit for bit and skip
+    the same steps; without the refresh the second call runs on the first call's step count and differs."""
+    import sys
+
+    import torch
+
+    from ditgate.core import request
+    from ditgate.core.loader import load
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import modular_adapter_level as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    req = request.for_model("zoo:flux", pipeline=bench.PIPELINE)
+    pristine = load("zoo:flux", pipeline=bench.PIPELINE)
+    runs = {level: bench.run_level(pristine, level, "static", [6, 4], req)
+            for level in ("pipeline", "transformer+refresh", "transformer")}
+    for pipeline_call, refreshed in zip(runs["pipeline"], runs["transformer+refresh"]):
+        assert torch.equal(pipeline_call["latents"], refreshed["latents"])
+        assert pipeline_call["skipped"] == refreshed["skipped"] and pipeline_call["skipped"]
+    first, second = runs["transformer"]
+    assert torch.equal(first["latents"], runs["pipeline"][0]["latents"])  # the first call is the same
+    assert second["skipped"] != runs["pipeline"][1]["skipped"]
+    assert not torch.equal(second["latents"], runs["pipeline"][1]["latents"])

@@ -61,6 +61,8 @@ def _cache_cfg(facts: dict[str, Any]) -> Proof | None:
     """A modular pipeline's guider decides the transformer calls per step; cache-dit must count steps the same way."""
     separate = (facts.get("modular") or {}).get("separate_cfg")
     calls = facts.get("calls_per_step")
+    if facts.get("scheduler_steps") and facts.get("transformer_calls"):  # the steps the call made (img2img: fewer)
+        calls = facts["transformer_calls"] / facts["scheduler_steps"]
     if separate is None or calls is None:
         return None
     expected = 2 if separate else 1
