@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -142,16 +143,32 @@ def _step(argv: list[str]) -> tuple[int, str]:
     return rc, out.getvalue() + STDERR_MARK + err.getvalue()
 
 
+def inspect_json(out: str) -> dict:
+    """The object `ditgate inspect --json` printed: the last line-initial `{` that parses (progress bars and
+    warnings can come before it)."""
+    stdout = out.split(STDERR_MARK, 1)[0]
+    decoder = json.JSONDecoder()
+    for match in reversed(list(re.finditer(r"(?m)^\{", stdout))):
+        try:
+            found, _ = decoder.raw_decode(stdout, match.start())
+        except ValueError:
+            continue
+        if isinstance(found, dict) and "cache_dit" in found:
+            return found
+    return {}
+
+
 def worker(job: dict) -> None:
     """One pipeline's build, inspect and run, in one process (the imports are paid once); each step's result is
     written to job["result"] as soon as it ends, so a pipeline killed at its time limit keeps the steps it did."""
     results: dict = {}
 
     def record(step: str, rc: int, out: str) -> None:
-        results[step] = {"rc": rc, "out": out[-20000:]}
+        results[step] = {"rc": rc, "out": out[-400000:]}  # all of an inspect report, the end of a long log
         Path(job["result"]).write_text(json.dumps(results))
 
     folder, image = job["folder"], job["image"]
+    results["skip_parallel"] = job["skip_parallel"]
     record("build", *_step(["zoo", "build", f"zoo:{job['name']}", folder, "--overwrite"]))
     if results["build"]["rc"] != 0:
         return
@@ -159,12 +176,8 @@ def worker(job: dict) -> None:
     record("inspect", rc, out)
     planners = {}
     if rc == 0:
-        try:
-            stdout = out.split(STDERR_MARK, 1)[0]
-            cache_dit = json.loads(stdout[stdout.index("{"):stdout.rindex("}") + 1]).get("cache_dit", {})
-            planners = {k: any((cache_dit.get(k) or {}).values()) for k in PARALLEL_ROWS.values()}
-        except ValueError:
-            pass
+        cache_dit = inspect_json(out).get("cache_dit") or {}
+        planners = {k: any((cache_dit.get(k) or {}).values()) for k in PARALLEL_ROWS.values()}
     rows = ["cache"] + [row for row, key in PARALLEL_ROWS.items()
                         if not job["skip_parallel"] and (rc != 0 or planners.get(key))]
     results["rows"] = rows
@@ -177,6 +190,7 @@ def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_option
     run_dir = folder.with_name(folder.name + ".run")
     result = folder.with_name(folder.name + ".steps.json")
     result.unlink(missing_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # ditgate run refuses a folder holding an earlier run
     image = ["--image", str(work / "input.png")] if entry.image else []
     job = {"name": entry.name, "folder": str(folder), "run_dir": str(run_dir), "result": str(result),
            "skip_parallel": args.skip_parallel, "image": {k: image if v else [] for k, v in image_options.items()}}
@@ -214,7 +228,7 @@ def judge(entry: Entry, work: Path, steps: dict, skip_parallel: bool) -> None:
     rows = steps.get("rows", ["cache"])
     for row in PARALLEL_ROWS:
         if row not in rows:
-            entry.cells[row] = "skipped" if skip_parallel else "no planner"
+            entry.cells[row] = "skipped" if steps.get("skip_parallel", skip_parallel) else "no planner"
     out = steps.get("run", {}).get("out", late or "the worker ended before the run")
     report_path = run_dir / "report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else None
