@@ -114,8 +114,8 @@ def build_mochi(seed: int = 0):
     from diffusers import AutoencoderKLMochi, FlowMatchEulerDiscreteScheduler, MochiPipeline, MochiTransformer3DModel
 
     transformer = _seeded(seed, lambda: MochiTransformer3DModel(
-        # width 96: the SwiGLU hidden width int(2/3 * 4 * 96) = 256 splits over 2 TP ranks and 2 gates
-        patch_size=2, num_attention_heads=4, attention_head_dim=24, num_layers=2, pooled_projection_dim=32,
+        # widths 96 (video) and 48 (text): SwiGLU widths 2 x 256 and 2 x 128 split over 2 TP ranks and 2 gates
+        patch_size=2, num_attention_heads=4, attention_head_dim=24, num_layers=2, pooled_projection_dim=48,
         in_channels=12, out_channels=None, qk_norm="rms_norm", text_embed_dim=32, time_embed_dim=8,
         activation_fn="swiglu", max_sequence_length=32))
     vae = _seeded(seed + 2, lambda: AutoencoderKLMochi(
