@@ -8,7 +8,7 @@ differs between two GPU runs of one configuration is rounding: a nondeterministi
 rounds some elements of a layer's output differently, by about one unit roundoff of the run dtype. The calibration
 row reproduces that on any device: it is the baseline with every transformer output x replaced by x * (1 + u z), u
 the unit roundoff of x's dtype (2^-24 in float32, 2^-8 in bfloat16, 2^-11 in float16) and z standard normal noise
-drawn from a CPU generator seeded with the run's seed (again for each pipeline call), so two calibrations are
+drawn on the tensor's device from a generator seeded with the run's seed (again for each pipeline call), so two calibrations are
 identical. The unit-roundoff calibration perturbs the output of every transformer block too: kernels that tile
 differently round differently in every layer, and those roundings add up with depth. Measured in bfloat16 on the
 zoo, with the transformer's output alone perturbed the first-step floor was blind to depth (63-64 dB for 2-4 blocks,
@@ -44,14 +44,22 @@ class OutputNoise:
     def __init__(self, size: float | str, seed: int):
         self.size = size
         self.seed = seed
-        self.generator = torch.Generator("cpu").manual_seed(seed)
+        self.generators: dict[torch.device, torch.Generator] = {}  # one per device, each seeded with `seed`
         self.calls = 0
         self._handles: list = []
 
     def reset(self) -> None:
         """Start the noise again from the seed (before each pipeline call, so that every call is perturbed alike)."""
-        self.generator.manual_seed(self.seed)
+        for generator in self.generators.values():
+            generator.manual_seed(self.seed)
         self.calls = 0
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        # drawn where the tensor lives: a CPU draw copied to the GPU for every block output made the calibration row
+        # of FLUX.1-dev (57 blocks, 28 steps, 1024^2) take 172 s on an H200 against 8.6 s for the baseline
+        if device not in self.generators:
+            self.generators[device] = torch.Generator(device).manual_seed(self.seed)
+        return self.generators[device]
 
     def attach(self, pipe) -> OutputNoise:
         """Perturb what every transformer returns and, for the calibration's unit-roundoff noise, what each of its
@@ -76,7 +84,7 @@ class OutputNoise:
         if not x.is_floating_point():
             return x
         size = unit_roundoff(x.dtype) if self.size == UNIT_ROUNDOFF else float(self.size)
-        z = torch.randn(x.shape, generator=self.generator, dtype=torch.float32).to(x.device)
+        z = torch.randn(x.shape, generator=self._generator(x.device), dtype=torch.float32, device=x.device)
         return (x.float() * (1.0 + size * z)).to(x.dtype)
 
     def _hook(self, module, args, output):
