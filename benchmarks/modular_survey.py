@@ -1,18 +1,20 @@
 """Every ModularPipeline class of the installed diffusers, run through ditgate's rows where a tiny one can be built.
 
-    python benchmarks/modular_survey.py [--only Flux3ModularPipeline,...] [--device cpu|cuda] [--out DIR]
+    OMP_NUM_THREADS=1 python benchmarks/modular_survey.py [--only Flux3ModularPipeline,...] [--device cpu|cuda]
+        [--out DIR] [--merge PREVIOUS.json] [--render SURVEY.json]
 
 For each class diffusers exports (`*ModularPipeline`), the survey looks for a tiny seeded offline model:
 - a model built as the modular class itself (zoo:flux3, and the distilled FLUX.3 built here by
   `ditgate.zoo.modular_builders.build_flux3(distilled=True)`: no standard class exists), or
-- a standard zoo model whose folder diffusers maps to the class (`ModularPipeline.from_pretrained` on its
-  `model_index.json`), loaded with `--pipeline diffusers:<Class>`.
+- a standard zoo model (`zoo:NAME` or `zoo:pipe/NAME`) whose folder diffusers maps to the class
+  (`ModularPipeline.from_pretrained` on its `model_index.json`), loaded with `--pipeline diffusers:<Class>`.
 A class with neither is classified by the components its default blocks expect (what a tiny builder would need).
 Each built model runs the rows baseline, cache, cp-ulysses-2 and tp-2 with `ditgate run` (one run per model, the
 integration file where one exists) and each cell is the row's status: passed, failed, error, or its first reason.
 
 Writes DIR/modular_survey.json and DIR/modular_survey.md (default benchmarks/results/) and prints the table with
-the survey's wall time.
+the survey's wall time. `--merge` keeps a previous run's rows for the models not run now (a subset rerun with
+`--only`); `--render` writes the table of a JSON again with the classification in NOTES.
 """
 
 from __future__ import annotations
@@ -53,12 +55,23 @@ NOTES: dict[str, str] = {
         "cache-dit's ZImage CP plan (cache_dit/distributed/transformers/zimage.py:53-80) splits each refiner's and "
         "layer's `x` and `freqs_cis`, not their attention mask, the likely mismatch"),
     "QwenImageModularPipeline": (
-        "cp, tp: modular only (the standard QwenImagePipeline on zoo:qwen-image passes cache+ulysses-2, "
-        "tests/test_runner.py). Probable cause, read from the code, not yet run: the standard pipeline drops an "
-        "all-ones prompt mask (diffusers pipelines/qwenimage/pipeline_qwenimage.py:265-266), the modular blocks pass "
-        "it (modular_pipelines/qwenimage/denoise.py:167, 222), so the transformer takes its masked joint-attention "
-        "path, which cache-dit's QwenImage CP plan (qwen_image.py:64-86, no mask split) and TP planner do not "
-        "handle"),
+        "cp: modular only: the standard QwenImageImg2ImgPipeline on the same folder passes cp-ulysses-2 (`ditgate run "
+        "zoo:pipe/qwen-image-img2img --rows baseline,cp-ulysses-2,tp-2`), QwenImagePipeline on zoo:qwen-image passes "
+        "cache+ulysses-2 (tests/test_runner.py). Probable cause, read from the code and not yet confirmed by a run: "
+        "the standard pipeline drops an all-ones prompt mask (diffusers pipelines/qwenimage/pipeline_qwenimage.py:"
+        "265-266), the modular blocks pass it (modular_pipelines/qwenimage/denoise.py:167, 222), and cache-dit's "
+        "QwenImage CP plan (qwen_image.py:64-86) splits no mask. tp: not a modular gap: the standard "
+        "QwenImageImg2ImgPipeline fails tp-2 the same way (32 vs 16 at dim 3), cache-dit's QwenImage TP planner "
+        "(qwen_image.py:93) on this tiny layout"),
+    "WanModularPipeline": (
+        "needs ftfy: diffusers' modular Wan text encoder calls `ftfy.fix_text` unguarded (modular_pipelines/wan/"
+        "encoders.py:45; the import is guarded at :34, the standard pipelines/wan/pipeline_wan.py:79 guards the "
+        "call); without ftfy the baseline fails with NameError (first run); this row ran with ftfy 6.3.1 on the path"),
+    "WanImage2VideoModularPipeline": "needs ftfy, as WanModularPipeline (same text encoder block)",
+    "(twin of zoo:pipe/qwen-image-edit)": (
+        "QwenImageEditPipeline's zoo folder does not build here: transformers' Qwen2VLProcessor fails on its video "
+        "processor lookup (AttributeError: VIDEO_PROCESSOR_MAPPING has no _extra_content) in this environment "
+        "without torchvision; the QwenImageEditModularPipeline row waits for that builder"),
     "Cosmos3DistilledModularPipeline": (
         "no tiny builder: a tiny Cosmos3OmniTransformer + Wan VAE + Qwen2 tokenizer builds, but the blocks refuse "
         "to run without a safety checker (diffusers modular_pipelines/cosmos/encoders.py:435); "
@@ -228,6 +241,7 @@ def write(results: list, runs_done: list[dict], device: str, out: Path) -> None:
 
     lines = [f"# Modular pipeline survey (diffusers {diffusers.__version__}, {device})", "",
              *[f"Command: `{r['command']}`; wall time {r['wall_s']:.0f} s." for r in runs_done], "",
+             _summary(results), "",
              "| pipeline | built | " + " | ".join(ROWS) + " | reason |", "|---" * (len(ROWS) + 3) + "|"]
     for name, r in sorted(results, key=lambda item: (item[0], item[1].get("model") or "")):
         cells = r.get("cells", {})
@@ -241,6 +255,16 @@ def write(results: list, runs_done: list[dict], device: str, out: Path) -> None:
                                                          "results": results}, indent=2) + "\n")
     (out / "modular_survey.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _summary(results: list) -> str:
+    built = [r for _, r in results if r.get("cells")]
+    ok = {row: sum(r["cells"].get(row) in ("passed", "reference") for r in built) for row in ROWS}
+    classes = {n for n, r in results if r.get("cells")}
+    unbuilt = sorted({n for n, r in results if not r.get("cells")})
+    return (f"{len(built)} models of {len(classes)} classes built and run; rows that passed: "
+            + ", ".join(f"{row} {n} of {len(built)}" for row, n in ok.items())
+            + f". Not built: {len(unbuilt)} (the reason says what a tiny builder would load, or why not).")
 
 
 def _cell(status: str) -> str:
