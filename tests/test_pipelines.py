@@ -2,7 +2,8 @@
 cache row: the CI subset of benchmarks/pipeline_survey.py.
 
 The subset spans block layouts (joint MM-DiT blocks, cross-attention blocks, expert-AdaLN joint blocks, packed video
-tokens), CFG styles (batched, separate calls), a video and an image-to-video pipeline, and one CP row.
+tokens), CFG styles (batched, separate calls), a video and an image-to-video pipeline (given `--image`), one CP
+row, and a registered adapter that is broken.
 """
 
 import json
@@ -19,7 +20,21 @@ SUBSET = {
     "pipe/cogview4": ("CogView4", 2, "joint-sequence blocks, a GLM encoder, CFG as separate calls"),
     "pipe/pixart-sigma": ("PixArt", 1, "cross-attention blocks with AdaLN-single, batched CFG"),
     "pipe/ltx": ("LTX", 1, "video: packed spatio-temporal tokens"),
+    "pipe/ltx-i2v": ("LTX", 1, "image-to-video: the input image's latents held by a per-token timestep mask"),
 }
+
+
+def _image_args(name, tmp_path):
+    """`--image FILE` for the pipelines that take an input image (a seeded gradient, as a user's photo would be)."""
+    if not pipelines.PIPELINES[name.removeprefix(pipelines.PREFIX)].image:
+        return []
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:32, 0:32]
+    path = tmp_path / "input.png"
+    Image.fromarray(np.stack([x * 8, y * 8, 255 - (x + y) * 4], -1).clip(0, 255).astype(np.uint8)).save(path)
+    return ["--image", path]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +72,7 @@ def test_zoo_cli_lists_and_builds_pipelines(run_cli, tmp_path):
 @pytest.mark.parametrize("name", SUBSET)
 def test_inspect_finds_the_adapter_and_the_cfg_style(name, folders, run_cli):
     family, calls, _ = SUBSET[name]
-    code, out, err = run_cli("inspect", folders[name], "--json")
+    code, out, err = run_cli("inspect", folders[name], "--json")  # an input image: ditgate's seeded one
     assert code == 0, err[-2000:]
     report = json.loads(out)
     assert report["cache_dit"]["adapter"]["prefix"] == family
@@ -68,8 +83,10 @@ def test_inspect_finds_the_adapter_and_the_cfg_style(name, folders, run_cli):
 
 @pytest.mark.parametrize("name", SUBSET)
 def test_cache_row_passes(name, folders, run_cli, tmp_path):
-    code, out, err = run_cli("run", folders[name], "--rows", "cache", "--out", tmp_path / "run")
+    image = _image_args(name, tmp_path)
+    code, out, err = run_cli("run", folders[name], "--rows", "cache", "--out", tmp_path / "run", *image)
     report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["request"].get("image_key") == ("image" if image else None)
     rows = {r["name"]: r for r in report["rows"]}
     assert code == 0, (rows.get("cache", {}).get("reasons"), err[-2000:])
     cache = rows["cache"]
