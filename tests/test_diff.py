@@ -36,9 +36,11 @@ FAULTS = [
     ("flux", "tp-2", PLUGINS / "flux_tp_wrong_shard.py", "transformer.transformer_blocks.0.ff.net.0.proj"),
     ("tinymm", "cp-ulysses-2", TINYMM / "integration_mask_not_reordered.py", None),  # filled below
 ]
+FAST = {"flux_tp_wrong_shard", "integration_mask_not_reordered"}  # one CP and one TP fault; the rest: full tier
 
 
-@pytest.mark.parametrize("model,row,integration,module", FAULTS, ids=[f[2].stem for f in FAULTS])
+@pytest.mark.parametrize("model,row,integration,module", [
+    pytest.param(*f, id=f[2].stem, marks=() if f[2].stem in FAST else pytest.mark.full) for f in FAULTS])
 def test_planted_fault_is_located(zoo_path, tmp_path, model, row, integration, module):
     report = _diff(zoo_path, tmp_path, model, row, integration)
     if module is None:  # TinyMM: the mask goes wrong inside the first block's attention processor

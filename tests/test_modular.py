@@ -51,6 +51,7 @@ def _rows(report):
     return {r["name"]: r for r in report["rows"]}
 
 
+@pytest.mark.full  # fast tier: zoo:flux3's rows here and modular_pipeline.md's commands (test_skill_modular)
 def test_flux_as_modular_pipeline_passes_every_default_row(flux_modular_run):
     report, _ = flux_modular_run
     rows = _rows(report)
@@ -61,6 +62,7 @@ def test_flux_as_modular_pipeline_passes_every_default_row(flux_modular_run):
     assert {r["phase"] for r in gated} >= {"cache", "cp", "tp", "tep", "vaep", "hybrid"}
 
 
+@pytest.mark.full
 def test_flux_modular_baseline_latents_equal_flux_pipeline(flux_modular_run, flux_default_run):
     _, modular_dir = flux_modular_run
     _, standard_dir = flux_default_run
@@ -73,6 +75,7 @@ def test_flux_modular_baseline_latents_equal_flux_pipeline(flux_modular_run, flu
     assert result["facts"]["calls_per_step"] == 1.0  # no guider: guidance is distilled into FLUX.1's transformer
 
 
+@pytest.mark.full
 def test_flux_modular_cache_row_is_pipeline_level(flux_modular_run):
     _, out = flux_modular_run
     facts = json.loads((out / "rows" / "cache" / "result.json").read_text())["facts"]

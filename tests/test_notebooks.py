@@ -231,6 +231,7 @@ def flux_route(tmp_path_factory, flux_default_run):
     return done, out
 
 
+@pytest.mark.full  # the fast tier runs the CP (broken plan), audio and perf-matrix notebooks live
 def test_every_route_notebook_passes_on_flux(flux_route):
     done, out = flux_route
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
@@ -242,6 +243,7 @@ def test_every_route_notebook_passes_on_flux(flux_route):
 
 
 @pytest.mark.parametrize("nb", ROUTE, ids=lambda nb: nb.stem)
+@pytest.mark.full  # the fast tier reads papermill's exit status in test_stops_at_the_first_failure_unless_keep_going
 def test_papermill_and_the_json_result_agree(flux_route, nb):
     _, out = flux_route
     executed = nbformat.read(str(out / f"{nb.stem}.ipynb"), as_version=4)
@@ -266,6 +268,7 @@ def test_papermill_and_the_json_result_agree(flux_route, nb):
     assert _shown(out / f"{nb.stem}.ipynb", "image/png")  # and the image grid
 
 
+@pytest.mark.full
 def test_final_notebook_gathers_every_phase(flux_route):
     _, out = flux_route
     final = json.loads((out / "final.json").read_text())
@@ -277,6 +280,7 @@ def test_final_notebook_gathers_every_phase(flux_route):
     assert any("hybrid-u2xtp2" in t and "tp-2+vaep" in t for t in _shown(out / "70_final.ipynb", "text/markdown"))
 
 
+@pytest.mark.full
 def test_inspect_gate_fails_when_a_block_list_has_no_pattern(flux_route, tmp_path):
     _, out = flux_route
     anatomy = json.loads((out / "inspect.json").read_text())["anatomy"]
@@ -290,6 +294,7 @@ def test_inspect_gate_fails_when_a_block_list_has_no_pattern(flux_route, tmp_pat
 # ------------------------------------------------------------------------------------------ video, failures
 
 
+@pytest.mark.full  # the fast tier checks zoo:wan's rows in test_runner
 def test_wan_video_through_the_cp_notebook(tmp_path, wan_default_run):
     from ditgate.run.runner import copy_finished_rows
 

@@ -82,6 +82,7 @@ def test_a_row_without_final_latents_does_not_pass(tmp_path):
 
 
 # -- outputs and arguments of every form: every default row ---------------------------------------------------
+@pytest.mark.full  # fast tier: the no-callback pipeline's rows, outputs of every form, the request unit tests
 def test_array_pipeline_with_steps_from_its_signature(tmp_path):
     folder = _folder(tmp_path, drop=("num_inference_steps", "max_sequence_length"))
     report, by_name = _run(folder, "ArrayPipeline", tmp_path / "run")
@@ -91,11 +92,13 @@ def test_array_pipeline_with_steps_from_its_signature(tmp_path):
     assert "6 steps (the pipeline's default)" in (tmp_path / "run" / "report.md").read_text()
 
 
+@pytest.mark.full
 def test_tuple_pipeline(tmp_path):
     report, by_name = _run("zoo:tinymm", "TuplePipeline", tmp_path / "run")
     _all_passed(report, by_name)
 
 
+@pytest.mark.full
 def test_frames_go_under_the_signature_name(tmp_path):
     folder = _folder(tmp_path, drop=("max_sequence_length",))
     report, by_name = _run(folder, "ClipPipeline", tmp_path / "run", frames=3)
