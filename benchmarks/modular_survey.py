@@ -57,10 +57,11 @@ NOTES: dict[str, str] = {
     "QwenImageModularPipeline": (
         "cp: modular only: the standard QwenImageImg2ImgPipeline on the same folder passes cp-ulysses-2 (`ditgate run "
         "zoo:pipe/qwen-image-img2img --rows baseline,cp-ulysses-2,tp-2`), QwenImagePipeline on zoo:qwen-image passes "
-        "cache+ulysses-2 (tests/test_runner.py). Probable cause, read from the code and not yet confirmed by a run: "
-        "the standard pipeline drops an all-ones prompt mask (diffusers pipelines/qwenimage/pipeline_qwenimage.py:"
-        "265-266), the modular blocks pass it (modular_pipelines/qwenimage/denoise.py:167, 222), and cache-dit's "
-        "QwenImage CP plan (qwen_image.py:64-86) splits no mask. tp: not a modular gap: the standard "
+        "cache+ulysses-2 (tests/test_runner.py). Measured with a forward pre-hook on the transformer: the standard "
+        "pipeline passes encoder_hidden_states_mask=None (it drops an all-ones mask, diffusers pipelines/qwenimage/"
+        "pipeline_qwenimage.py:265-266), the modular blocks an all-ones [1, 64] mask (modular_pipelines/qwenimage/"
+        "denoise.py:167, 222); cache-dit's QwenImage CP plan (qwen_image.py:64-86) splits no mask, the probable "
+        "break (read from the code). tp: not a modular gap: the standard "
         "QwenImageImg2ImgPipeline fails tp-2 the same way (32 vs 16 at dim 3), cache-dit's QwenImage TP planner "
         "(qwen_image.py:93) on this tiny layout"),
     "WanModularPipeline": (
