@@ -245,3 +245,16 @@ def test_transformer_level_cache_needs_a_refresh_between_calls():
     assert torch.equal(first["latents"], runs["pipeline"][0]["latents"])  # the first call is the same
     assert second["skipped"] != runs["pipeline"][1]["skipped"]
     assert not torch.equal(second["latents"], runs["pipeline"][1]["latents"])
+
+
+def test_block_tree_follows_the_call(zoo_path):
+    """inspect's block tree: a conditional block runs the branch its trigger selects, also when an earlier step that
+    runs produces the trigger (LTX: `image` -> the VAE encoder step's `image_latents` -> the image-to-video branch)."""
+    from ditgate.core import modular
+
+    pipe = modular.from_pretrained(zoo_path("pipe/ltx-i2v"), "modular")
+    runs = lambda call: {r["path"] for r in modular.block_tree(pipe, call) if r["runs"]}  # noqa: E731
+    with_image, text_only = runs({"prompt": "x", "image": object()}), runs({"prompt": "x"})
+    assert "denoise.image2video.denoise" in with_image and "denoise.text2video" not in with_image
+    assert "denoise.text2video.denoise" in text_only and "denoise.image2video" not in text_only
+    assert modular.denoise_loops(pipe) == ["denoise.image2video.denoise", "denoise.text2video.denoise"]

@@ -355,27 +355,32 @@ def expected_calls_per_step(pipe) -> int:
 
 def block_tree(pipe, inputs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The pipeline blocks as rows: path, class, kind, components, whether it is a denoise loop and whether a call
-    with `inputs` runs it (a conditional block runs the child its trigger inputs select, as its `__call__` does;
-    triggers computed by earlier blocks count as absent)."""
+    with `inputs` runs it (a conditional block runs the child its trigger inputs select, as its `__call__` does; a
+    trigger counts as given when the call passes it or an earlier step that runs produces it, e.g. the image
+    latents an image encoder step makes from `image`)."""
     from diffusers.modular_pipelines import LoopSequentialPipelineBlocks
 
-    inputs = inputs or {}
+    present = {k for k, v in (inputs or {}).items() if v is not None}
     rows = []
 
     def walk(block, path: str, depth: int, runs: bool) -> None:
         conditional = hasattr(block, "select_block") and hasattr(block, "block_trigger_inputs")
+        children = getattr(block, "sub_blocks", None) or {}
         kind = ("loop" if isinstance(block, LoopSequentialPipelineBlocks) else "auto" if conditional
-                else "sequential" if getattr(block, "sub_blocks", None) else "step")
+                else "sequential" if children else "step")
         components = sorted({c.name for c in getattr(block, "expected_components", [])})
         rows.append({"path": path or "(root)", "class": type(block).__name__, "kind": kind, "depth": depth,
                      "components": components, "runs": runs,
                      "denoise_loop": kind == "loop" and "transformer" in components})
         chosen = None
         if conditional:
-            triggers = {name: inputs.get(name) for name in block.block_trigger_inputs if name is not None}
+            triggers = {name: True if name in present else None for name in block.block_trigger_inputs
+                        if name is not None}
             chosen = block.select_block(**triggers) or block.default_block_name
-        for name, child in (getattr(block, "sub_blocks", None) or {}).items():
+        for name, child in children.items():
             walk(child, f"{path}.{name}" if path else name, depth + 1, runs and (not conditional or name == chosen))
+        if runs and not children:  # what this step leaves in the state for the blocks after it
+            present.update(o.name for o in getattr(block, "intermediate_outputs", []) or [] if o.name)
 
     walk(pipe.blocks, "", 0, True)
     return rows
