@@ -128,8 +128,8 @@ def test_image_with_latents(run_cli, images, tmp_path):
     code, out, _ = run_cli("gate", "--phase", "cp", base, same, "--latents", tmp_path / "a.npy", tmp_path / "b.npy")
     assert code == 1 and "max_abs" in out
     code, _, _ = run_cli("gate", "--phase", "cp", base, same, "--latents", tmp_path / "a.npy", tmp_path / "b.npy",
-                         "--dtype", "bf16")
-    assert code == 0
+                         "--dtype", "bf16", "--floor", "psnr=30")
+    assert code == 0  # no tensor rule in bf16: the floor's thresholds judge it
 
 
 def test_wav_audio(run_cli, tmp_path):
@@ -215,7 +215,9 @@ def test_run_row_folders(run_cli, tmp_path):
     bf16 = tmp_path / "bf16"
     b = write_row(bf16, "baseline", image, lat, noise, dtype="bf16")
     d = write_row(bf16, "tp-2", image, lat + np.float32(1e-2), dtype="bf16")
-    code, _, _ = run_cli("gate", "--phase", "tp", b, d)
+    code, out, _ = run_cli("gate", "--phase", "tp", b, d)
+    assert code == 1 and "calibrated floor" in out  # an exact phase in bf16 is never judged by the defaults alone
+    code, _, _ = run_cli("gate", "--phase", "tp", b, d, "--floor", "psnr=30")
     assert code == 0  # the tensor rule is for float32 runs; the run's dtype comes from run.json
     code, _, _ = run_cli("gate", "--phase", "tp", b, d, "--dtype", "float32")
     assert code == 1

@@ -46,7 +46,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", help="dtype the phase ran in (default: the run's, else float32)")
     parser.add_argument("--sample-rate", type=int, help="sample rate of audio given as arrays (a .wav has its own)")
     parser.add_argument("--floor", action="append", default=[], metavar="METRIC=VALUE",
-                        help="audio noise floor from a calibration rerun, e.g. mel_psnr=23.5 (repeatable)")
+                        help="threshold from the calibrated noise floor (needed for exact phases in bf16/fp16), e.g. "
+                             "mel_psnr=23.5 (repeatable)")
     parser.add_argument("--gates", metavar="FILE", help="gate table to use instead of checklists/gates.json")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
 
@@ -208,6 +209,19 @@ def _row_extras(base: Path, cand: Path) -> dict[str, Any]:
     return extras
 
 
+def _floor_missing(phase: str, modality: str, dtype: str, floor: dict | None, table: dict | None) -> str | None:
+    """Why an exact phase in reduced precision cannot be gated here without its calibrated floor (None: it can)."""
+    from ditgate.gates.calibration import reduced_precision
+    from ditgate.gates.verdicts import load_gates
+
+    table = table or load_gates()
+    if floor or modality == "latent" or not table["phases"][phase]["exact"] or not reduced_precision(dtype, table):
+        return None
+    return (f"{phase} is exact, and in {dtype} it is judged against the calibrated floor of its run, which this "
+            "command was not given: pass --floor METRIC=VALUE with the thresholds `ditgate run` derived (the "
+            "report's floor table), or gate the whole run with `ditgate run ... --resume`")
+
+
 def _parse_floor(items: list[str]) -> dict[str, float] | None:
     floor = {}
     for item in items:
@@ -266,10 +280,15 @@ def main(args: argparse.Namespace) -> int:
     if modality == "latent":
         extras.pop("latents", None)
     table = gates.load_gates(args.gates) if args.gates else None
+    dtype = args.dtype or extras.get("dtype", "float32")
+    floor = _parse_floor(args.floor)
     verdict = gates.evaluate(args.phase, modality, baseline, candidate, latents=extras.get("latents"),
-                             noise=extras.get("noise"), dtype=args.dtype or extras.get("dtype", "float32"),
-                             sample_rate=args.sample_rate or sample_rate, floor=_parse_floor(args.floor),
-                             gates=table)
+                             noise=extras.get("noise"), dtype=dtype, sample_rate=args.sample_rate or sample_rate,
+                             floor=floor, gates=table)
+    missing = _floor_missing(args.phase, modality, dtype, floor, table)
+    if missing:  # the gate it would apply is the loose default: a check that cannot run never passes
+        verdict.passed = False
+        verdict.reasons.append(missing)
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=2))
     else:
