@@ -205,3 +205,12 @@ def test_inspect_reports_the_call_it_is_given():
     assert default.sequence.image_tokens * 64 * 96 == asked.sequence.image_tokens * 128 * 128  # zoo: 128x128
     assert asked.sequence.text_tokens == 16 and default.sequence.text_tokens != 16
     assert asked.calls_by_step == [1, 1]
+
+
+def test_the_test_prompt_is_left_out_where_a_pipeline_takes_none():
+    from diffusers import DiTPipeline
+
+    req = request.resolve(request.build({}), DiTPipeline)
+    assert "prompt" not in req.call
+    with pytest.raises(DitgateError, match="does not accept prompt"):
+        request.resolve(request.build({}, prompt="a cat"), DiTPipeline)  # a prompt the user gave is never dropped
