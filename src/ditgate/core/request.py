@@ -169,6 +169,8 @@ def _fit(request: Request, params: dict[str, inspect.Parameter], name: str, kind
     """`request` fitted to `params` (of what `name` says); `kind` is the class name that may say it needs an image."""
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     call = dict(request.call)
+    if call.get("prompt") == DEFAULT_PROMPT and "prompt" not in params and not takes_any:
+        del call["prompt"]  # ditgate's own test prompt, for a pipeline prompted otherwise (class labels, tasks)
     if request.frames is not None:
         key = next((k for k in FRAME_NAMES if k in params), None)
         if key is None:
