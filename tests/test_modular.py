@@ -4,7 +4,11 @@
   standard FluxPipeline's (the session's default run on zoo:flux) for the same seeded call;
 - zoo:flux3, a FLUX.3 Flux3ModularPipeline (no standard class exists) with examples/flux3/integration.py: baseline,
   cache, cp-ulysses-2 and tp-2 pass; the plugin with the wrong calls-per-step flag fails on the cache-cfg proof;
-- bad input (components that cannot load, an output the blocks do not produce) exits 2 with one line.
+- bad input (components that cannot load, an output the blocks do not produce) exits 2 with one line;
+- the one request object is fitted to the blocks (steps, image, frames, the guider's scale), cache-dit's adapter is
+  found by the standard twin's name, the block tree follows the call;
+- a transformer-level cache without a refresh between calls of different lengths differs from the pipeline level
+  (with the refresh they agree bit for bit).
 """
 
 from __future__ import annotations
