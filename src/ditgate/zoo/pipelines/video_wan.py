@@ -121,8 +121,9 @@ SPECS = [
                  "Helios: Wan-style blocks with history memory patches; UMT5; 9 frames of 32x32", build_helios,
                  _video(9, guidance_scale=5.0, negative_prompt="blurry", max_sequence_length=16)),
     PipelineSpec("anyflow", "AnyFlowPipeline", "video",
-                 "AnyFlow: Wan-style blocks, flow-map time embedding; T5; 9 frames of 32x32", build_anyflow,
-                 _video(9, guidance_scale=5.0, negative_prompt="blurry", max_sequence_length=16)),
+                 "AnyFlow: Wan-style blocks, flow-map time embedding; T5; 13 frames of 32x32 (4 latent frames: its "
+                 "CP splits frames)", build_anyflow,
+                 _video(13, guidance_scale=5.0, negative_prompt="blurry", max_sequence_length=16)),
     PipelineSpec("chronoedit", "ChronoEditPipeline", "video",
                  "ChronoEdit: Wan I2V blocks editing an image through 5 frames; UMT5 + CLIP vision", build_chronoedit,
                  _video(5, guidance_scale=5.0, negative_prompt="blurry", max_sequence_length=16), image=True),
