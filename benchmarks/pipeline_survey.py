@@ -87,6 +87,8 @@ def _last_error(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for line in reversed(lines):
         if re.match(r"^([A-Za-z_.]+(Error|Exception)|error|ditgate: error|AssertionError)\b", line) or "Error:" in line:
+            if " with {" in line and "} failed: " in line:  # "running X with {the call} failed: E": X and E
+                line = line.split(" with {", 1)[0] + ": " + line.split("} failed: ", 1)[1]
             return line[:300]
     return (lines[-1][:300] if lines else "no output")
 
@@ -97,7 +99,7 @@ def _where(text: str) -> str:
     if not frames:
         return ""
     path, line = frames[-1]
-    return f" ({path.split('site-packages/')[-1]}:{line})"
+    return f" ({re.sub(r'^.*/(site-packages|src)/', '', path)}:{line})"
 
 
 STDERR_MARK = "\n--- stderr ---\n"
@@ -272,7 +274,9 @@ def markdown(done: list[Entry], missing: dict[str, list[str]], runs: list[dict])
     lines = [f"# Pipeline survey: diffusers {diffusers.__version__}, cache-dit {cache_dit.__version__}, "
              f"torch {torch.__version__}", "",
              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; the runs that made this table:", "",
-             *[f"- `{r['command']}`: {r['pipelines']} pipelines in {r['wall_s'] / 60:.1f} min wall" for r in runs], "",
+             *[f"- `{r['command']}`: {r['pipelines']} pipelines, "
+               + (f"{r['wall_s'] / 60:.1f} min of the pipelines' own time (the runs that wrote the folder: below)"
+                  if "--collect" in r["command"] else f"{r['wall_s'] / 60:.1f} min wall") for r in runs], "",
              "| pipeline | family | class | built | inspect | cache | cp-ulysses-2 | tp-2 | s | reason |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for e in done:
@@ -331,8 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                 judge(entry, work, json.loads(result.read_text()), args.skip_parallel)
                 done.append(entry)
         todo = done
-        stamps = [p.stat().st_mtime for p in work.glob("*.steps.json")]
-        wall = (max(stamps) - (work / "input.png").stat().st_mtime) if stamps else 0.0
+        wall = sum(e.seconds for e in todo)  # the pipelines' own time; the runs that wrote --work are not known
     for entry in todo if not args.collect else []:
         survey_one(entry, work, args, env, image_options)
         print(f"{entry.name:<28} " + " ".join(f"{c}={entry.cells.get(c, '-')}" for c in COLUMNS)
