@@ -83,6 +83,7 @@ def test_example_packages_are_found_only_when_named():
 
 
 # -- the plugin, every default row ---------------------------------------------------------------------------------
+@pytest.mark.full  # the fast tier runs the plugin's cache and CP rows in test_request_contract
 def test_every_default_row_passes_through_the_plugin(tinymm_report):
     by_name = _by_name(tinymm_report)
     assert set(by_name) == {r.name for r in rows.DEFAULT_ROWS} | {"baseline-tiled"}
@@ -91,6 +92,7 @@ def test_every_default_row_passes_through_the_plugin(tinymm_report):
     assert tinymm_report["passed"]
 
 
+@pytest.mark.full
 def test_every_feature_acted(tinymm_report):
     by_name = _by_name(tinymm_report)
     proofs = {n: {p["feature"]: p["passed"] for p in r["proofs"]} for n, r in by_name.items()}

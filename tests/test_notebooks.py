@@ -333,6 +333,7 @@ def test_broken_cp_plan_fails_the_cp_notebook_with_the_gate_reason(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_AUDIO, reason="zoo:stable-audio (the audio route's zoo model) is not in this checkout")
+@pytest.mark.full
 def test_audio_notebook_on_stable_audio(tmp_path):
     done = _ditgate("notebook", "run", "audio", "--model", "zoo:stable-audio", "--out", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]

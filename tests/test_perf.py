@@ -78,6 +78,7 @@ def matrix_run(tmp_path_factory):
     return code, out
 
 
+@pytest.mark.full  # the fast tier runs the matrix through the perf-matrix notebook
 def test_matrix_tier_a_on_flux(matrix_run):
     code, out = matrix_run
     data = json.loads((out / "matrix.json").read_text())
@@ -99,6 +100,7 @@ def test_matrix_tier_a_on_flux(matrix_run):
     assert data["cpu_threads"] == 1
 
 
+@pytest.mark.full
 def test_matrix_files(matrix_run):
     _, out = matrix_run
     report = json.loads((out / "report.json").read_text())

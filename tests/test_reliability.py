@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
+@pytest.mark.full
 def test_run_json_stdout_is_only_json(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-m", "ditgate", "run", "zoo:flux", "--rows", "cache", "--out",
