@@ -77,10 +77,22 @@ def build_wan(seed: int = 0):
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer)
 
 
+def qwen_image_transformer_and_vae(seed: int):
+    """zoo:qwen-image's transformer (seed) and VAE (seed + 2), shared by the Qwen-Image pipelines of zoo.pipelines."""
+    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+
+    transformer = _seeded(seed, lambda: QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=4, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=32, guidance_embeds=False, axes_dims_rope=(8, 4, 4)))
+    vae = _seeded(seed + 2, lambda: AutoencoderKLQwenImage(
+        base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+        latents_mean=[0.0] * 4, latents_std=[1.0] * 4))
+    return transformer, vae
+
+
 def build_qwen_image(seed: int = 0):
     """QwenImagePipeline: 4 blocks, 4 heads x 16, a tiny Qwen2.5-VL text encoder; true CFG (two calls per step)."""
-    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
-                           QwenImageTransformer2DModel)
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     tokenizer = qwen2_tokenizer()
@@ -96,12 +108,7 @@ def build_qwen_image(seed: int = 0):
         vision_end_token_id=ids["<|vision_end|>"], image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|image_pad|>"])
     text_encoder = _seeded(seed + 1, lambda: Qwen2_5_VLForConditionalGeneration(config))
-    transformer = _seeded(seed, lambda: QwenImageTransformer2DModel(
-        patch_size=2, in_channels=16, out_channels=4, num_layers=4, attention_head_dim=16, num_attention_heads=4,
-        joint_attention_dim=32, guidance_embeds=False, axes_dims_rope=(8, 4, 4)))
-    vae = _seeded(seed + 2, lambda: AutoencoderKLQwenImage(
-        base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
-        latents_mean=[0.0] * 4, latents_std=[1.0] * 4))
+    transformer, vae = qwen_image_transformer_and_vae(seed)
     return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
                              tokenizer=tokenizer, transformer=transformer)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ditgate.zoo.builders import _seeded
+from ditgate.zoo.builders import _seeded, qwen_image_transformer_and_vae
 from ditgate.zoo.pipelines import encoders as enc
 from ditgate.zoo.pipelines.image_mmdit import kl_vae
 from ditgate.zoo.pipelines.spec import PipelineSpec
@@ -200,14 +200,9 @@ def _qwen_processor():
 
 
 def _qwen_image_parts(seed: int) -> dict:
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
-    transformer = _seeded(seed, lambda: QwenImageTransformer2DModel(
-        patch_size=2, in_channels=16, out_channels=4, num_layers=4, attention_head_dim=16, num_attention_heads=4,
-        joint_attention_dim=32, guidance_embeds=False, axes_dims_rope=(8, 4, 4)))
-    vae = _seeded(seed + 2, lambda: AutoencoderKLQwenImage(
-        base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
-        latents_mean=[0.0] * 4, latents_std=[1.0] * 4))
+    transformer, vae = qwen_image_transformer_and_vae(seed)
     return {"scheduler": FlowMatchEulerDiscreteScheduler(), "vae": vae, "text_encoder": enc.qwen25vl(seed + 1),
             "tokenizer": enc.llm_tokenizer("qwen2"), "transformer": transformer}
 
