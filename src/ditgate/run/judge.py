@@ -91,10 +91,12 @@ def judge_row(runner, state) -> None:
         return
     load = lambda name, key: store.load_array(runner.run_dir, name, key)
     modality, gates = state.result["modality"], runner.gate_table()
-    if reduced_precision(runner.cfg.dtype, gates):
-        floor = reduced_floor.row_floor(runner, row.phase, modality)
-    else:
-        floor = audio_floor(runner) if modality == "audio" else {}
+    def floor_for(phase: str) -> dict[str, Any]:  # the floor `phase`'s gate uses in this run
+        if reduced_precision(runner.cfg.dtype, gates):
+            return reduced_floor.row_floor(runner, phase, modality)
+        return audio_floor(runner) if modality == "audio" else {}  # measured once, kept on the calibration row
+
+    floor = floor_for(row.phase)
     record, reasons = gated(row.phase, modality, base.row.name, row.name, load, dtype=runner.cfg.dtype, gates=gates,
                             sample_rate=state.result.get("sample_rate"), floor=floor.get("used"))
     state.verdict = record | ({"floor": json_ready(floor)} if floor else {})
@@ -108,8 +110,7 @@ def judge_row(runner, state) -> None:
     discrimination.judge(state, base.row.name, runner.states.get(SENSITIVITY.name), load, modality,
                          dtype=runner.cfg.dtype, floor=floor.get("used"), gates=gates)
     judge_also(state, runner.states, load, modality, dtype=runner.cfg.dtype, gates=gates,
-               floor_of=lambda phase: (reduced_floor.row_floor(runner, phase, modality)
-                                       if reduced_precision(runner.cfg.dtype, gates) else floor).get("used"))
+               floor_of=lambda phase: floor_for(phase).get("used"))
     for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
         state.proofs.append(proof.to_dict())
         if not proof.passed:
@@ -138,14 +139,14 @@ def audio_floor(runner) -> dict[str, Any]:
     return {"measured": calib.measured, "used": gate_floor(calib.measured, runner.gate_table()) or None}
 
 
-_LATENT_METRICS = {"max_abs", "rel_error", "cosine", "disp_rel_error"}
-
-
 def _latents_only_hint(record: dict[str, Any]) -> list[str]:
     """What to try when a cache row fails on its latents alone while its output passes (`record`: a verdict's
     dict)."""
+    from ditgate.gates.verdicts import METRICS
+
+    latent = {*METRICS["latent"], "disp_rel_error"}
     failed = [c for c in record.get("checks", []) if not c["passed"]]
-    if not failed or any(c["metric"] not in _LATENT_METRICS for c in failed):
+    if not failed or any(c["metric"] not in latent for c in failed):
         return []
     return [("only the latents fail while the output passes: this model's residuals change too fast for this cache "
             "configuration; try a stricter threshold (--cache-config residual_diff_threshold=0.04), more warm-up "

@@ -4,9 +4,10 @@ They prove that a feature acted: how often the last block of each block list ran
 shapes of what the first block of each list returns (context parallelism divides one dimension of them), how many
 calls each transformer gets, how often the VAE decoder ran (VAE parallelism splits tiles), the initial noise, the
 transformer's output at its first call (the first-step check of ditgate.gates.first_step) and the final latents.
-The noise is the first transformer input, so for a scheduler that scales its input (EDM's c_in) it is the
-scaled noise the model saw. They also time the transformer calls (CUDA events on a GPU, so nothing waits for the device), which tells how much
-of a pipeline call a transformer speedup can act on.
+The noise is the scheduler's first input where the pipeline steps a scheduler (in the layout of the final latents),
+else the first transformer input; the final latents come from the step callback, else the scheduler's last step
+(ditgate.core.steps). They also time the transformer calls (CUDA events on a GPU, so nothing waits for the
+device), which tells how much of a pipeline call a transformer speedup can act on.
 
 With `attach(pipe, compiled=True)` every hook runs outside torch.compile (`torch.compiler.disable`): a compiled
 block calls it eagerly. Attaching the probes once per row keeps compiled code's guards stable from call to call

@@ -9,7 +9,6 @@ from typing import Any
 
 from ditgate.run import store
 
-_LATENT = ("max_abs", "rel_error", "cosine", "disp_rel_error")
 _CACHE_LATENT = "disp_rel_error"
 
 
