@@ -14,11 +14,15 @@ from typing import Any, Callable
 import torch
 
 
-def _sample_of(output: Any) -> torch.Tensor | None:
+def tensor_of(output: Any, field: str) -> torch.Tensor | None:
+    """The tensor a module or scheduler returned: itself, the first of a tuple, or the output object's `field`
+    (`prev_sample` of a scheduler step, `sample` of a transformer's BaseOutput)."""
+    if isinstance(output, torch.Tensor):
+        return output
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
-    prev = getattr(output, "prev_sample", None)
-    return prev if isinstance(prev, torch.Tensor) else None
+    value = getattr(output, field, None)
+    return value if isinstance(value, torch.Tensor) else None
 
 
 class SchedulerSteps:
@@ -70,7 +74,7 @@ class SchedulerSteps:
                 sample = None
             if isinstance(sample, torch.Tensor):
                 self.first_sample = sample.detach().float().cpu().clone()
-        result = _sample_of(output)
+        result = tensor_of(output, "prev_sample")
         if result is not None:
             self._last = result.detach().clone()  # on its device until read: no copy to the host per step
         if self.on_step is not None:

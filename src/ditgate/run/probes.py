@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ditgate.core.components import block_lists, transformers_of
-from ditgate.core.steps import SchedulerSteps
+from ditgate.core.steps import SchedulerSteps, tensor_of
 
 
 def _first_tensor(args, kwargs) -> torch.Tensor | None:
@@ -33,16 +33,6 @@ def _first_tensor(args, kwargs) -> torch.Tensor | None:
         if isinstance(value, torch.Tensor):
             return value
     return None
-
-
-def _output_tensor(output) -> torch.Tensor | None:
-    """The prediction a transformer returned: a tensor, the first of a tuple, or a BaseOutput's `sample`."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    sample = getattr(output, "sample", None)
-    return sample if isinstance(sample, torch.Tensor) else None
 
 
 @dataclass
@@ -108,7 +98,7 @@ class Probes:
 
     def _after_transformer(self, module, args, output):
         if self.first_output is None:
-            first = _output_tensor(output)
+            first = tensor_of(output, "sample")  # the prediction: a tensor, a tuple's first, a BaseOutput's
             self.first_output = None if first is None else first.detach().float().cpu().clone()
         if self._spans and self._spans[-1][1] is None:
             self._spans[-1][1] = _now(self._spans[-1][0])
