@@ -194,14 +194,21 @@ class Runner:
                 done = _done(self.run_dir, row, self.cfg.resume)
                 self._record(self.states[row.name], done | {"resumed": True}) if done else self._run_in_process(row)
 
+    def _gated_modalities(self, later: list[Row] = ()) -> list[str | None]:
+        """The modality of every gated row that ran, and the baseline's for the gated rows still to run (`later`)."""
+        from ditgate.run.rows import BASELINE
+
+        found = [s.result.get("modality") for s in self.states.values() if s.ran and s.row.phase]
+        base = self.states.get(BASELINE.name)
+        if later and base is not None and base.ran:
+            found.append(base.result.get("modality"))
+        return found
+
     def _sensitivity(self, later: list[Row] = ()) -> None:
         """Run the sensitivity row when a gated row ran or is still to run (`later`; see ditgate.run.discrimination)."""
-        from ditgate.run.rows import BASELINE, SENSITIVITY
+        from ditgate.run.rows import SENSITIVITY
 
-        base = self.states.get(BASELINE.name)
-        expected = bool(later) and base is not None and base.ran
-        if SENSITIVITY.name in self.states or not (expected or any(s.ran and s.row.phase
-                                                                   for s in self.states.values())):
+        if SENSITIVITY.name in self.states or not self._gated_modalities(later):
             return
         self.states[SENSITIVITY.name] = RowState(SENSITIVITY)
         done = _done(self.run_dir, SENSITIVITY, self.cfg.resume)
@@ -236,14 +243,10 @@ class Runner:
         precision) and the run has none yet (see ditgate.gates.calibration.uses_floor). `later`: gated rows still to
         run, of the baseline's modality."""
         from ditgate.gates.calibration import uses_floor
-        from ditgate.run.rows import BASELINE, CALIBRATION
+        from ditgate.run.rows import CALIBRATION
 
-        base = self.states.get(BASELINE.name)
-        modalities = [s.result.get("modality") for s in self.states.values() if s.ran and s.row.phase]
-        if later and base is not None and base.ran:
-            modalities.append(base.result.get("modality"))
         if CALIBRATION.name in self.states or not any(
-                uses_floor(m, self.cfg.dtype, self.gate_table()) for m in modalities):
+                uses_floor(m, self.cfg.dtype, self.gate_table()) for m in self._gated_modalities(later)):
             return
         self.states[CALIBRATION.name] = RowState(CALIBRATION)
         done = _done(self.run_dir, CALIBRATION, self.cfg.resume)
