@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.core.request import resolve_device, resolve_dtype
+from ditgate.core import request as request_mod
 
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
@@ -82,18 +82,15 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def build_request(args: argparse.Namespace):
     """The request of the command's model options, fitted to the pipeline's `__call__` (ditgate.core.request)."""
-    from ditgate.core import request
-
-    return request.for_model(args.model, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
-                             call=request.parse_call_options(args.call), call_file=args.call_file,
-                             prompt=args.prompt, height=args.height, width=args.width, frames=args.frames,
-                             steps=args.steps, seed=args.seed, image=args.image)
+    return request_mod.for_model(args.model, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
+                                 call=request_mod.parse_call_options(args.call), call_file=args.call_file,
+                                 prompt=args.prompt, height=args.height, width=args.width, frames=args.frames,
+                                 steps=args.steps, seed=args.seed, image=args.image)
 
 
 def device_and_dtype(args: argparse.Namespace) -> tuple[str, str]:
-    """--device and --dtype with "auto" resolved: the same for every command."""
-    device = resolve_device(args.device)
-    return device, resolve_dtype(args.dtype, device)
+    """--device and --dtype with "auto" resolved: the same for every command (core.request.device_and_dtype)."""
+    return request_mod.device_and_dtype(args.device, args.dtype)
 
 
 def _warmup(given: int | None, device: str) -> int:

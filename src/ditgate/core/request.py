@@ -255,6 +255,12 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
+    """`device` and `dtype` with "auto" resolved: the one default of every command and notebook."""
+    device = resolve_device(device)
+    return device, resolve_dtype(dtype, device)
+
+
 def resolve_dtype(dtype: str, device: str) -> str:
     """`dtype`, with "auto" resolved to bfloat16 on a GPU (how real models run), else float32."""
     if dtype != "auto":

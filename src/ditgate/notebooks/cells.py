@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from ditgate.core import request as request_mod
 from ditgate.run import store
 from ditgate.core.errors import DitgateError
 from ditgate.notebooks.catalog import NOTEBOOKS, ROW_PHASE
@@ -104,13 +105,6 @@ def _request(model: str, opts: dict[str, Any]):
                              **{k: opts.get(k) or None for k in ("height", "width", "frames", "steps")})
 
 
-def _device_dtype(device: str, dtype: str) -> tuple[str, str]:
-    from ditgate.core.request import resolve_device, resolve_dtype
-
-    device = resolve_device(device)
-    return device, resolve_dtype(dtype, device)
-
-
 def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_size: int = 2, integration: str = "",
               dtype: str = "auto", device: str = "auto", gates: str = "", timeout: float = 600.0,
               resume: bool = False, progress: Callable[[str], None] | None = print, **request_opts) -> dict[str, Any]:
@@ -125,7 +119,7 @@ def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_si
         load_gates(gates)  # a broken table fails now, not after every row has run
     chosen = (rows_mod.select([*rows_mod.DEFAULT_ROWS, *phase_rows(phase, world_size)], rows) if rows
               else phase_rows(phase, world_size))
-    device, dtype = _device_dtype(device, dtype)
+    device, dtype = request_mod.device_and_dtype(device, dtype)
     cfg = RunConfig(model=model, rows=chosen, request=_request(model, request_opts), out=Path(out_dir) / phase,
                     dtype=dtype, device=device, integration=Path(integration) if integration else None,
                     pipeline=request_opts.get("pipeline") or None,
@@ -140,7 +134,7 @@ def inspect(model: str, out_dir: Path, *, dtype: str = "auto", device: str = "au
     """`ditgate inspect`: the anatomy; the draft plan is written to `out_dir/plan.md`."""
     from ditgate.inspect.anatomy import inspect_model, write_text_atomic
 
-    device, dtype = _device_dtype(device, dtype)
+    device, dtype = request_mod.device_and_dtype(device, dtype)
     anatomy = inspect_model(model, _request(model, request_opts), pipeline=request_opts.get("pipeline") or None,
                             trust_remote_code=bool(request_opts.get("trust_remote_code")), dtype=dtype,
                             device=device)
@@ -154,7 +148,7 @@ def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", dt
     """`ditgate matrix` into `out_dir/perf_matrix`; returns matrix.json. -1, 0 and "" keep the command's defaults."""
     from ditgate.perf import acceptance
 
-    device, dtype = _device_dtype(device, dtype)
+    device, dtype = request_mod.device_and_dtype(device, dtype)
     warmup, repeats, tier = (1 if warmup < 0 else warmup), (repeats or 3), tier.upper()
     acceptance.check_options(tier, device, warmup, repeats, 1)
     request = _request(model, request_opts)
