@@ -5,6 +5,7 @@ the outside), alternating when `--pairs` > 1, then checks that both gave the sam
 numbers except timings and peak memory (the outputs and latents bit for bit, metrics, facts, proofs).
 
     python benchmarks/launch_once.py zoo:flux                                    # CPU: the default rows
+    python benchmarks/launch_once.py zoo:flux --against /tmp/old/src             # and an older checkout's once
     python benchmarks/launch_once.py zoo:wan --rows cache,cp-ulysses-2,tp-2
     python benchmarks/launch_once.py /tmp/fluxdev --device cuda --dtype bf16 --rows cache --build
 
@@ -30,17 +31,19 @@ TIMING_KEYS = {"latency_s", "times", "speedup", "prediction", "peak_memory_bytes
 OVERHEAD = ("launch_s", "load_s", "restore_s", "setup_s")
 
 
-def run_once(model: str, design: str, out: Path, extra: list[str]) -> dict:
+def run_once(model: str, design: str, out: Path, extra: list[str], src: Path | None = None) -> dict:
+    """One `ditgate run` of `design`; `src`: run the ditgate of that source folder (an older checkout's src/)."""
     cmd = [sys.executable, "-m", "ditgate", "run", model, "--launch", design, "--out", str(out), "--json", *extra]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])) if src else None
     start = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     wall = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     report = json.loads(proc.stdout)
     rows = [r for r in report["rows"] if r.get("generate_s") is not None]
     generate = sum(r["generate_s"] for r in rows)
-    return {"design": design, "command_wall_s": round(wall, 2), "runner_wall_s": report["wall_s"],
+    return {"design": design + (f" ({src})" if src else ""), "command_wall_s": round(wall, 2), "runner_wall_s": report["wall_s"],
             "generate_s": round(generate, 2), "overhead_s": round(wall - generate, 2),
             "overhead_per_row_s": round((wall - generate) / max(len(rows), 1), 2),
             "ratio": round(wall / generate, 2) if generate else None, "time": report.get("time"),
@@ -97,6 +100,8 @@ def main() -> int:
     parser.add_argument("model", help="zoo:NAME or a pipeline folder")
     parser.add_argument("--out", type=Path, default=Path("runs/launch-once"))
     parser.add_argument("--pairs", type=int, default=1, help="runs of each design, alternating (default 1)")
+    parser.add_argument("--against", type=Path, metavar="SRC", help="also time `--launch once` of the ditgate in "
+                        "SRC (an older checkout's src/), in the same run: old code vs new")
     parser.add_argument("--build", action="store_true", help="write the FLUX.1-dev-config folder MODEL first "
                         "when it is missing (benchmarks/flux_dev_random.py)")
     args, extra = parser.parse_known_args()
@@ -114,10 +119,17 @@ def main() -> int:
             results.append(result)
             folders.setdefault(design, (folder, result["report"]))
             load.append(os.getloadavg()[0])
+        if args.against:
+            folder = args.out / f"against-{pair + 1}-{time.strftime('%H%M%S')}"
+            results.append(run_once(args.model, "once", folder, extra, src=args.against.resolve()))
+            load.append(os.getloadavg()[0])
     (run_a, rep_a), (run_b, rep_b) = folders["per-row"], folders["once"]
     diff = differences(rep_a, rep_b, run_a, run_b)
     print(table(results))
     walls = {d: [r["command_wall_s"] for r in results if r["design"] == d] for d in DESIGNS}
+    if args.against:
+        old = [r["command_wall_s"] for r in results if r["design"] not in DESIGNS]
+        print(f"wall once / once of {args.against}: {np.median(walls['once']) / np.median(old):.2f}")
     print(f"\nwall once / per-row: {np.median(walls['once']) / np.median(walls['per-row']):.2f}; "
           f"1-minute load average {', '.join(f'{x:.1f}' for x in load)} (machine of {os.cpu_count()} CPUs)")
     print("identical verdicts and numbers except timings: " + ("yes" if not diff else "NO\n" + "\n".join(diff)))

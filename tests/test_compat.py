@@ -65,3 +65,29 @@ print("ok", names)
     done = _in_fresh_process(code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ok" in done.stdout
+
+
+def test_settle_sleeps_still_there_and_skipped_by_the_patch():
+    """cache-dit's maybe_empty_cache still sleeps (else delete compat.skip_settle_sleeps); after the patch every
+    reference to it, one taken before and one a module takes later, collects without sleeping."""
+    code = """
+import gc, time
+from cache_dit import utils
+from cache_dit.distributed import dispatch  # holds a reference taken at its import
+start = time.perf_counter(); utils.maybe_empty_cache(); slept = time.perf_counter() - start
+assert slept >= 0.9, slept
+from ditgate.run import compat
+compat.skip_settle_sleeps(); compat.skip_settle_sleeps()
+class Cycle: pass
+a = Cycle(); a.me = a; del a
+before = gc.get_count()
+start = time.perf_counter(); dispatch.maybe_empty_cache(); took = time.perf_counter() - start
+assert took < 0.5, took
+from cache_dit.distributed.transformers import flux2  # imported after the patch
+start = time.perf_counter(); flux2.maybe_empty_cache(); assert time.perf_counter() - start < 0.5
+assert not any(isinstance(o, Cycle) for o in gc.get_objects())  # the collection still ran
+print("ok", round(slept, 2), round(took, 3))
+"""
+    done = _in_fresh_process(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok" in done.stdout

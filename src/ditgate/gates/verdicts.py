@@ -86,16 +86,25 @@ def validate_gates(gates: Any, origin: str = "gates") -> dict:
     return gates
 
 
+_LOADED: dict[tuple, dict] = {}  # (path, mtime, size) -> validated table: a run judges with it dozens of times
+
+
 def load_gates(path: str | Path | None = None) -> dict:
-    """The validated gate table: `path`, or the repository's checklists/gates.json."""
+    """The validated gate table: `path`, or the repository's checklists/gates.json (a copy: callers may change it;
+    a file is read and validated again when it changed)."""
+    import copy
+
     path = Path(path) if path is not None else DEFAULT_GATES
     try:
-        gates = json.loads(path.read_text())
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+        if key not in _LOADED:
+            _LOADED[key] = validate_gates(json.loads(path.read_text()), str(path))
     except FileNotFoundError as exc:
         raise GateConfigError(f"gate table not found: {path}") from exc
     except json.JSONDecodeError as exc:
         raise GateConfigError(f"{path} is not valid JSON: {exc}") from exc
-    return validate_gates(gates, str(path))
+    return copy.deepcopy(_LOADED[key])
 
 
 # ---------------------------------------------------------------------------------------------------- metrics

@@ -11,6 +11,11 @@ Applied only in parallel workers on CPU, never on GPU, never elsewhere. Each pat
    cache-dit's own PyTorch merge.
 4. Wan / Helios / LTX TP use a `DistributedRMSNorm` whose forward asserts the tensor is not on CPU: the same
    computation without the assertion.
+
+One more applies on every device, wherever a row runs (`skip_settle_sleeps`): cache-dit's `maybe_empty_cache`,
+called after it parallelizes a transformer or a text encoder and after it quantizes, sleeps one second before each
+of its two collections (two seconds a row; on CPU, where its empty_cache raises, one). The collections and
+empty_cache calls stay; only the sleeps go, so nothing a row computes changes.
 """
 
 from __future__ import annotations
@@ -41,10 +46,29 @@ def _cpu_accelerator(check_available: bool = False):
     return torch.device("cpu")
 
 
+def _collect_without_sleeping():  # runs as cache_dit.utils.maybe_empty_cache, with that module's globals
+    try:
+        gc.collect()  # noqa: F821 - a name of cache_dit.utils
+        current_platform.empty_cache()  # noqa: F821
+        current_platform.ipc_collect()  # noqa: F821
+    except Exception:  # noqa: BLE001 - as cache-dit's own
+        pass
+
+
+def skip_settle_sleeps() -> None:
+    """cache-dit's maybe_empty_cache without its sleeps, for every module that imported it (the function's code is
+    swapped, so the references cache-dit's modules hold, and the ones they take later, all see it)."""
+    from cache_dit import utils
+
+    if "settle-sleeps-skipped" not in _applied:
+        utils.maybe_empty_cache.__code__ = _collect_without_sleeping.__code__
+        _applied.append("settle-sleeps-skipped")
+
+
 def apply_cpu_patches() -> list[str]:
     """Apply the patches (once per process); returns their names."""
     global _library
-    if _applied:
+    if "flash-attention-cpu-kernel" in _applied:
         return list(_applied)
     _library = torch.library.Library("aten", "IMPL")
     _library.impl("_scaled_dot_product_flash_attention", _flash_attention_for_cpu, "CPU")

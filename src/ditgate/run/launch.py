@@ -145,7 +145,7 @@ def _free_port() -> int:
 
 
 def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
-              on_poll: Callable[[], None] | None = None, poll: float = 0.5,
+              on_poll: Callable[[], None] | None = None, poll: float = 0.1,
               module: str = "ditgate.run.worker", pristine=None) -> GroupOutcome:
     """Run `job` on `world_size` ranks and wait for it: `python -m MODULE JOB.json` under torchrun (default: the
     row worker, see ditgate.run.worker; `ditgate diff` starts its own). `pristine` (CPU, the row worker only): the

@@ -232,6 +232,7 @@ class Runner:
     def _release(self) -> None:
         if self._pristine is not None:
             self._pristine = None
+            gc.unfreeze()  # execute.load_pristine froze what existed after the load, the pipeline with it
             gc.collect()
             if self.cfg.device.startswith("cuda"):
                 import torch
@@ -373,4 +374,5 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=N
     try:
         return runner.run()
     finally:
+        runner._release()  # also after a failure: the pipeline and its memory are not kept
         runner._lock.release()
