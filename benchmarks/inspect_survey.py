@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import inspect
 import json
-import re
 import signal
 import sys
 import time

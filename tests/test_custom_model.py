@@ -9,7 +9,6 @@ import importlib.util
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 

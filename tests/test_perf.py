@@ -1,7 +1,6 @@
 """The perf matrix: its rows, the preflight that refuses rows before loading, and a real tier-A run on zoo:flux."""
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest

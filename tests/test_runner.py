@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import jsonschema
-import numpy as np
 import pytest
 
 from ditgate import zoo

@@ -45,18 +45,22 @@ class GroupOutcome:
             where = "; ".join(f"rank {s['rank']} in row {s.get('row')!r} at stage {s.get('stage')!r}"
                               for s in self.stages) or "no rank reported a stage"
             return f"no progress for the timeout, group killed: {where}"
-        if self.errors:
-            first = min(self.errors, key=lambda e: e.get("time", 0))
+        # a rank killed by a signal (not the SIGTERM that ends a failed group) is the cause: the errors of the ranks
+        # left waiting for it in a collective follow from it
+        killed = {rank: -code for rank, code in self.exits.items() if code < 0 and -code != signal.SIGTERM}
+        first = min(self.errors, key=lambda e: e.get("time", 0)) if self.errors else None
+        if killed:
+            rank = min(killed)
+            where = next((s for s in self.stages if s["rank"] == rank), {})
+            then = (f"; then rank {first['rank']} failed at stage {first.get('stage')!r}: {first['type']}: "
+                    f"{' '.join(first['message'].split())[:200]}" if first else "")
+            return (f"rank {rank} was killed by {signal.Signals(killed[rank]).name} in row {where.get('row')!r} at "
+                    f"stage {where.get('stage')!r}{then}; log tail:\n{self.log_tail}")
+        if first:
             others = sorted({e["rank"] for e in self.errors} - {first["rank"]})
             text = (f"rank {first['rank']} failed in row {first.get('row')!r} at stage {first.get('stage')!r}: "
                     f"{first['type']}: {first['message']}")
             return text + (f" (ranks {others} failed too)" if others else "")
-        killed = {rank: -code for rank, code in self.exits.items() if code < 0 and -code != signal.SIGTERM}
-        if killed:
-            rank = min(killed)
-            where = next((s for s in self.stages if s["rank"] == rank), {})
-            return (f"rank {rank} was killed by {signal.Signals(killed[rank]).name} in row {where.get('row')!r} at "
-                    f"stage {where.get('stage')!r}; log tail:\n{self.log_tail}")
         return f"torchrun exited with code {self.returncode} and no rank reported an error; log tail:\n{self.log_tail}"
 
 
@@ -115,6 +119,7 @@ class _Forked:
                 if done:
                     self.exits[rank] = os.waitstatus_to_exitcode(status)
         if any(code != 0 for code in self.exits.values()):
+            self.exits_seen = dict(self.exits)  # how the ranks ended before this process ended the others
             _kill(self)
             self.returncode = 1
         elif len(self.exits) == len(self.pids):
@@ -188,7 +193,8 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
     return GroupOutcome(returncode=proc.returncode, timed_out=timed_out,
                         errors=_read_all(group_dir, world_size, error_path),
                         stages=_read_all(group_dir, world_size, status_path),
-                        log_tail=_tail(log_file), exits=getattr(proc, "exits", None) or _exits(log_file))
+                        log_tail=_tail(log_file),
+                        exits=getattr(proc, "exits_seen", None) or getattr(proc, "exits", None) or _exits(log_file))
 
 
 def _exits(log_file: Path) -> dict[int, int]:
