@@ -105,11 +105,19 @@ def _descendants(pid: int) -> set[int]:
 
 
 def _alive(pid: int) -> bool:
+    """True while any thread of `pid` runs: a killed process's main thread is a zombie before its other threads
+    (and the files they share, a folder lock among them) are gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return False
-    return state not in ("Z", "X")
+    for task in tasks:
+        try:
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 @pytest.fixture()
