@@ -73,21 +73,26 @@ def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
 OVERHEAD_PARTS = ("launch_s", "load_s", "restore_s", "setup_s")
 
 
-def time_summary(rows: list[dict[str, Any]], wall_s: float | None, launch: str | None) -> dict[str, Any]:
+def time_summary(rows: list[dict[str, Any]], wall_s: float | None, launch: str | None,
+                 checks: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """Where the run's wall time went: the rows' generations, and the overhead by kind (rows resumed from an
-    earlier run count neither); `other_s`: judging, the report, waiting for groups, the command's own start."""
-    ran = [r for r in rows if r.get("generate_s") is not None and not r["resumed"]]
+    earlier run count neither); `checks`: the results of the rows the verdicts use but the table does not show
+    (sensitivity, cache-off twins), whose generations count as generations (`checks_s` of them); `other_s`: judging,
+    the report, waiting for groups, the command's own start."""
+    ran = [r for r in [*rows, *checks] if r.get("generate_s") is not None and not r.get("resumed")]
     generate = sum(r["generate_s"] for r in ran)
+    names = {r["name"] for r in checks}
     parts = {k: sum((r.get("overhead") or {}).get(k, 0.0) for r in ran) for k in OVERHEAD_PARTS}
     overhead = None if wall_s is None else wall_s - generate
-    return {"launch": launch, "generate_s": round(generate, 3), "overhead_s": None if overhead is None else
-            round(overhead, 3), **{k: round(v, 3) for k, v in parts.items()},
+    return {"launch": launch, "generate_s": round(generate, 3),
+            "checks_s": round(sum(r["generate_s"] for r in ran if r["name"] in names), 3),
+            "overhead_s": None if overhead is None else round(overhead, 3), **{k: round(v, 3) for k, v in parts.items()},
             "other_s": None if overhead is None else round(overhead - sum(parts.values()), 3),
             "overhead_per_row_s": None if overhead is None or not ran else round(overhead / len(ran), 3)}
 
 
 def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
-          profile_note: str | None = None) -> dict[str, Any]:
+          profile_note: str | None = None, checks: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """The report of `states`; `profile` (ditgate.inspect.flops.Profile) adds speedup predictions."""
     from ditgate.run import predict
 
@@ -107,7 +112,7 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
         "wall_s": wall_s,
         "flops": predict.flops_summary(profile),
         "prediction_note": profile_note,
-        "time": time_summary(rows, wall_s, getattr(cfg, "launch", None)),
+        "time": time_summary(rows, wall_s, getattr(cfg, "launch", None), checks),
         "rows": rows,
         "produced_size": produced_size(run_dir, rows),
     }
@@ -270,7 +275,9 @@ def _time_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"| {r['name']} | {r['generate_s']:.2f} | " + " | ".join(fmt(o.get(k), ".2f") for k in OVERHEAD_PARTS)
                      + f" | {sum(o.get(k, 0.0) for k in OVERHEAD_PARTS):.2f} |")
     if t["overhead_s"] is not None:
-        lines += ["", f"Run: wall {report['wall_s']:.1f} s = generations {t['generate_s']:.1f} s + overhead "
+        checks = (f" (the check rows not in this table, sensitivity and cache-off twins: {t['checks_s']:.1f} s)"
+                  if t.get("checks_s") else "")
+        lines += ["", f"Run: wall {report['wall_s']:.1f} s = generations {t['generate_s']:.1f} s{checks} + overhead "
                       f"{t['overhead_s']:.1f} s (launch {t['launch_s']:.1f}, load {t['load_s']:.1f}, restore "
                       f"{t['restore_s']:.1f}, setup {t['setup_s']:.1f}, judging and the rest {t['other_s']:.1f})."]
     return lines
@@ -357,8 +364,8 @@ def grid(run_dir: Path, report: dict[str, Any], frames: list[int] | None = None)
 
 
 def write(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
-          profile_note: str | None = None) -> dict[str, Any]:
-    report = build(run_dir, cfg, states, wall_s, profile, profile_note)
+          profile_note: str | None = None, checks: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    report = build(run_dir, cfg, states, wall_s, profile, profile_note, checks)
     series = floor_report.frame_series(run_dir, report)
     frames = None
     if series:

@@ -214,8 +214,8 @@ class Runner:
         done = _done(self.run_dir, SENSITIVITY, self.cfg.resume)
         if done:
             self._record(self.states[SENSITIVITY.name], done | {"resumed": True})
-        else:
-            self._run_in_process(SENSITIVITY)
+        else:  # far outside every gate, timed by nothing: no warm-up, one call
+            self._run_in_process(SENSITIVITY, warmup=0, repeats=1)
 
     def _pristine_pipeline(self):
         """The pipeline loaded once in this process; None with launch="per-row"."""
@@ -256,15 +256,16 @@ class Runner:
         else:
             self._run_in_process(CALIBRATION)
 
-    def _run_in_process(self, row: Row) -> None:
+    def _run_in_process(self, row: Row, warmup: int | None = None, repeats: int | None = None) -> None:
         from ditgate.core import plugin
         from ditgate.run.execute import run_row, save_outcome
 
         try:
             pristine = self._pristine_pipeline()
             outcome = run_row(row, self.model_path, self.cfg.request, dtype=self.cfg.dtype, device=self.cfg.device,
-                              integration=plugin.load(self.cfg.integration), warmup=self.cfg.warmup,
-                              repeats=self.cfg.repeats, pipeline=self.cfg.pipeline,
+                              integration=plugin.load(self.cfg.integration),
+                              warmup=self.cfg.warmup if warmup is None else warmup,
+                              repeats=self.cfg.repeats if repeats is None else repeats, pipeline=self.cfg.pipeline,
                               trust_remote_code=self.cfg.trust_remote_code, pristine=pristine)
         except Exception as exc:  # noqa: BLE001 - recorded in the report
             self._error(row, f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), rank=0)
@@ -352,9 +353,10 @@ class Runner:
 
         shown = [s for s in self.states.values()  # these two live in the verdicts
                  if s.row.name != SENSITIVITY.name and not s.row.name.endswith("-cache-off")]
+        checks = [s.result for s in self.states.values() if s not in shown and s.ran]
         return report.write(self.run_dir, self.cfg, shown,
                             wall_s=round(time.perf_counter() - self._start, 2), profile=self.profile,
-                            profile_note=note)
+                            profile_note=note, checks=checks)
 
     def gate_table(self) -> dict | None:
         """The run's own gate table (`gates=`), read once; None: gates.json."""
