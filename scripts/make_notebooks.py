@@ -44,7 +44,7 @@ REQUEST = ("pipeline", "trust_remote_code", "call", "call_file", "image", "heigh
 KIND_PARAMETERS = {
     "inspect": ("model", *REQUEST, "out"),
     "rows": ("model", "integration", "rows", "world_size", *REQUEST, "gates", "timeout", "resume", "out"),
-    "matrix": ("model", "tier", "rows", *REQUEST, "warmup", "repeats", "timeout", "out"),
+    "matrix": ("model", "integration", "tier", "rows", *REQUEST, "warmup", "repeats", "timeout", "out"),
 }
 # Parameters a notebook of that phase leaves out: they would do nothing there (an audio request has a duration, no
 # picture size; single-process phases have no ranks).

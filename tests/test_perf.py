@@ -1,6 +1,7 @@
 """The perf matrix: its rows, the preflight that refuses rows before loading, and a real tier-A run on zoo:flux."""
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -119,3 +120,20 @@ def test_matrix_list_rows_and_bad_arguments(run_cli):
     assert code == 0 and "hybrid-u2xtp2" in out and "cp-ulysses-8" not in out
     code, _, err = run_cli("matrix", "zoo:flux", "--rows", "warp", "--list-rows")
     assert code == 2 and "unknown row" in err
+
+
+def test_matrix_on_a_modular_only_pipeline_with_its_plugin(run_cli, tmp_path):
+    """`ditgate matrix` takes a plugin, as `ditgate run` does: zoo:flux3 (Flux3ModularPipeline, no standard class)
+    with examples/flux3/integration.py runs cache, CP and TP rows; a preset with more front blocks than the tiny
+    model's block lists is refused by cache-dit, and the report says the preset, not the adapter, is at fault."""
+    plugin = Path(__file__).resolve().parents[1] / "examples" / "flux3" / "integration.py"
+    code, out, err = run_cli("matrix", "zoo:flux3", "--integration", plugin, "--rows",
+                             "cache-fast,cache-balanced,cp-ulysses-2,tp-2", "--warmup", 0, "--repeats", 1,
+                             "--out", tmp_path / "m", "--json")
+    assert code == 1, err[-2000:]
+    rows = {r["name"]: r for r in json.loads(out)["rows"]}
+    assert {n: rows[n]["status"] for n in ("cache-fast", "cp-ulysses-2", "tp-2")} == dict.fromkeys(
+        ("cache-fast", "cp-ulysses-2", "tp-2"), "passed")
+    assert rows["cache-balanced"]["status"] == "error"
+    assert "not an adapter fault" in rows["cache-balanced"]["reasons"][0]
+    assert "check the BlockAdapter" not in rows["cache-balanced"]["reasons"][0]

@@ -121,15 +121,16 @@ def dry_run(argv: list[str]) -> int:
 
 
 def dry_checklist(argv: list[str]) -> int:
-    """What `ditgate checklist PHASE --model MODEL` needs before it runs its rows: the checklist is valid, the model
-    resolves, the integration file loads from this folder."""
+    """What `ditgate checklist PHASE --model MODEL` (or `ditgate matrix MODEL`) needs before it runs its rows: the
+    checklist is valid, the model resolves, the integration file loads from this folder."""
     from ditgate.checklists import validate_all
     from ditgate.cli import build_parser
     from ditgate.core import plugin
     from ditgate.core.loader import resolve
 
     args = build_parser().parse_args(argv)
-    assert validate_all(args.phase.split(","))
+    if args.command == "checklist":
+        assert validate_all(args.phase.split(","))
     resolve(args.model)
     if args.integration is not None:
         assert args.integration.is_file(), f"--integration {args.integration} does not resolve from {Path.cwd()}"
@@ -168,7 +169,7 @@ def run_line(text: str, words: list[str], state: dict) -> tuple[str, int]:
             return "full", state["runs"][key]
         if args[0] == "run":
             return "dry", dry_run(args)
-        if args[0] == "checklist":
+        if args[0] in ("checklist", "matrix"):
             return "dry", dry_checklist(args)
         if args[:2] == ["notebook", "run"]:
             return "dry", dry_notebook(args)

@@ -6,13 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.run import add_model_arguments, build_request, device_and_dtype
+from ditgate.commands.run import add_integration_argument, add_model_arguments, build_request, device_and_dtype
 
 HELP = "acceptance matrix: speed and quality of cache presets, compile, quantization, CP and TP against a baseline"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
+    add_integration_argument(parser)
     parser.add_argument("--tier", default="A", type=str.upper, choices=["A", "B", "C"],
                         help="A: 1-2 devices (default); B adds 4-device rows; C adds 8-device rows and hybrid CP x TP")
     parser.add_argument("--rows", help="comma-separated row names of the tier (default: all); baselines are added")
@@ -45,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
     data, run_dir = acceptance.run_matrix(
         args.model, chosen, profile, note, request=request, tier=args.tier, out=args.out, dtype=dtype, device=device,
         warmup=args.warmup, repeats=args.repeats, threads=args.threads, pipeline=args.pipeline,
-        trust_remote_code=args.trust_remote_code, timeout=args.timeout, resume=args.resume)
+        trust_remote_code=args.trust_remote_code, timeout=args.timeout, resume=args.resume,
+        integration=args.integration)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:

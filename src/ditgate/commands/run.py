@@ -53,6 +53,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = Fa
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda when available)")
 
 
+def add_integration_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--integration", type=Path, metavar="FILE",
+                        help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--rows", help="comma-separated row names (default: all); their baselines are added")
@@ -62,8 +67,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="the default cache rows' configuration, in cache-dit's DBCacheConfig names (e.g. "
                              "max_warmup_steps=4 residual_diff_threshold=0.05 Fn_compute_blocks=2, or mask=fast, "
                              "taylorseer=1)")
-    parser.add_argument("--integration", type=Path, metavar="FILE",
-                        help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
+    add_integration_argument(parser)
     parser.add_argument("--out", type=Path, help="run folder (default: a new folder under runs/)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished rows")
     parser.add_argument("--timeout", type=float, default=600.0,

@@ -142,8 +142,8 @@ def inspect(model: str, out_dir: Path, *, dtype: str = "auto", device: str = "au
     return anatomy
 
 
-def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", dtype: str = "auto",
-               device: str = "auto", warmup: int = -1, repeats: int = 0, timeout: float = 600.0,
+def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", integration: str = "",
+               dtype: str = "auto", device: str = "auto", warmup: int = -1, repeats: int = 0, timeout: float = 600.0,
                **request_opts) -> dict[str, Any]:
     """`ditgate matrix` into `out_dir/perf_matrix`; returns matrix.json. -1, 0 and "" keep the command's defaults."""
     from ditgate.perf import acceptance
@@ -156,7 +156,8 @@ def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", dt
     acceptance.run_matrix(model, chosen, profile, note, request=request, tier=tier,
                           out=Path(out_dir) / "perf_matrix", dtype=dtype, device=device, warmup=warmup,
                           repeats=repeats, timeout=timeout, pipeline=request_opts.get("pipeline") or None,
-                          trust_remote_code=bool(request_opts.get("trust_remote_code")))
+                          trust_remote_code=bool(request_opts.get("trust_remote_code")),
+                          integration=Path(integration) if integration else None)
     return json.loads((Path(out_dir) / "perf_matrix" / "matrix.json").read_text())
 
 

@@ -71,11 +71,12 @@ def plan_rows(model: str, request: Request, dtype: str, tier: str, rows_file: Pa
 def run_matrix(model: str, chosen: list[Row], profile: Any, note: str | None, *, request: Request, tier: str,
                out: Path | None, dtype: str, device: str, warmup: int, repeats: int, threads: int = 1,
                pipeline: str | None = None, trust_remote_code: bool = False, timeout: float = 600.0,
-               resume: bool = False) -> tuple[dict[str, Any], Path]:
+               resume: bool = False, integration: Path | None = None) -> tuple[dict[str, Any], Path]:
     """Run the matrix rows; write matrix.md, matrix.json and the plot into the run folder; (matrix data, folder).
-    Callers refuse bad options first (`check_options`), before the FLOP profile is counted."""
+    Callers refuse bad options first (`check_options`), before the FLOP profile is counted. `integration`: the
+    plugin file of a model cache-dit does not know (as for `ditgate run --integration`)."""
     cfg = RunConfig(model=model, rows=chosen, request=request, out=out, dtype=dtype, device=device,
-                    pipeline=pipeline, trust_remote_code=trust_remote_code, timeout=timeout,
+                    integration=integration, pipeline=pipeline, trust_remote_code=trust_remote_code, timeout=timeout,
                     resume=resume, warmup=warmup, repeats=repeats)
     with cpu_threads(threads) if not device.startswith("cuda") else contextlib.nullcontext():
         report = run(cfg, profile=profile)

@@ -22,6 +22,14 @@ _COMPONENT_WORDS = {  # words in an error that name the component it came from, 
 }
 
 
+# cache-dit's own refusal of a configuration larger than the model (cache_dit/caching/cache_blocks/pattern_base.py):
+# the adapter is not at fault, the preset is.
+TOO_FEW_BLOCKS = "must be less than the number of transformer blocks"
+TOO_FEW_BLOCKS_HINT = ("the cache configuration computes more front/back blocks (Fn_compute_blocks + "
+                       "Bn_compute_blocks) than a block list of this model has: not an adapter fault; choose smaller "
+                       "ones, e.g. `--cache-config Fn_compute_blocks=1 Bn_compute_blocks=0` or the cache-fast preset")
+
+
 def hint_for(phase: str | None, message: str, error: dict | None = None) -> str:
     """The hint that applies to this failure, or "": none for a row refused before it ran or a rank that died
     outside Python (a signal: the memory killer or a native crash, where no plan is at fault), and for TE-P / VAE-P
@@ -29,6 +37,8 @@ def hint_for(phase: str | None, message: str, error: dict | None = None) -> str:
     error = error or {}
     if not phase or error.get("preflight") or " was killed by SIG" in message:
         return ""
+    if TOO_FEW_BLOCKS in message:
+        return TOO_FEW_BLOCKS_HINT
     if phase in ("tep", "vaep"):
         lowered = message.lower()
         named = [p for p, words in _COMPONENT_WORDS.items() if any(w in lowered for w in words)]
