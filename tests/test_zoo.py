@@ -7,13 +7,16 @@ import torch
 import ditgate
 from diffusers import ModularPipeline
 from ditgate import zoo
+from ditgate.core import modular
 
 
 def _generate(pipe, name, seed=0, steps=2):
-    call = dict(zoo.get(name).call, num_inference_steps=steps)
+    fixed = (getattr(pipe, "config", None) or {}).get("distilled_sigmas")  # a distilled schedule fixes the steps
+    call = dict(zoo.get(name).call, num_inference_steps=len(fixed) if fixed else steps)
     generator = torch.Generator().manual_seed(seed)
     if isinstance(pipe, ModularPipeline):  # returns values of its state by name
-        return np.asarray(pipe(**call, generator=generator, output_type="np", output="images"))
+        output = modular.output_name(pipe, call)[0]
+        return np.asarray(pipe(**call, generator=generator, output_type="np", output=output))
     out = pipe(**call, generator=generator, output_type="np")
     return np.asarray(next(getattr(out, k) for k in ("frames", "images", "audios") if hasattr(out, k)))
 
@@ -49,15 +52,20 @@ def test_heads_and_default_sequence_divide_by_2_and_4(name):
     config = pipe.transformer.config
     assert config.num_attention_heads % 4 == 0
     assert getattr(config, "num_key_value_attention_heads", 4) % 4 == 0
+    assert getattr(config, "num_key_value_heads", 4) % 4 == 0
     # audio: the transformer takes (B, channels, frames) and prepends a token, so count tokens inside the blocks
     audio = zoo.get(name).modality == "audio"
     seen = []
     handle = (pipe.transformer.transformer_blocks[0] if audio else pipe.transformer).register_forward_pre_hook(
-        lambda m, args, kwargs: seen.append(kwargs["hidden_states"].shape), with_kwargs=True)
+        lambda m, args, kwargs: seen.append(kwargs), with_kwargs=True)
     _generate(pipe, name, steps=1)
     handle.remove()
-    tokens = seen[0][1] if len(seen[0]) == 3 else int(np.prod(seen[0][2:]) // 4)  # Wan: (B, C, F, H, W), 2x2 patches
-    assert tokens % 4 == 0, tokens
+    if "hidden_states" in seen[0]:
+        shape = seen[0]["hidden_states"].shape
+        tokens = [shape[1] if len(shape) == 3 else int(np.prod(shape[2:]) // 4)]  # Wan: (B, C, F, H, W), 2x2 patches
+    else:  # Cosmos 3: one packed sequence, the text stream (und_len tokens) then the vision stream, split apart
+        tokens = [seen[0]["und_len"], seen[0]["sequence_length"] - seen[0]["und_len"]]
+    assert all(n % 4 == 0 for n in tokens), tokens
 
 
 def test_different_weight_seeds_differ(tmp_path):

@@ -97,7 +97,7 @@ def render(a) -> str:
     text = f"text tokens {s.text_tokens}" if s.text_tokens is not None else "no text stream entering the blocks"
     out.append(f"  {latent_words(a)} {s.image_tokens if s.image_tokens is not None else 'unknown'}, {text}, "
                f"{'joint attention over ' + str(s.attention_tokens) + ' tokens' if s.joint else 'no joint attention'}"
-               f"; batch {a.batch}")
+               f"; batch {a.batch if a.batch is not None else 'unknown'}")
     rows = [[r, _yes(d["image_tokens"]), _yes(d["text_tokens"]), _yes(d["heads"]), _yes(d["kv_heads"]),
              d["ulysses"], _yes(d["ring"]), _yes(d["tp"])] for r, d in s.divisibility.items()]
     out += _table(["ranks", f"{latent_words(a).split()[0]} % n", "text % n", "heads % n", "kv % n", "ulysses", "ring", "tp"], rows)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ditgate.core.errors import DitgateError, UnknownZooModelError
-from ditgate.zoo import builders, modular_builders, pipelines
+from ditgate.zoo import builders, modular_builders, modular_video, pipelines
 
 ZOO_PREFIX = "zoo:"
 ZOO_FORMAT = 2  # bump when a builder changes, so cached folders are rebuilt
@@ -74,6 +74,13 @@ ZOO: dict[str, ZooModel] = {
                  modular_builders.build_flux3,
                  {"prompt": "a tiny red cube on a table", "height": 64, "width": 64, "num_inference_steps": 8,
                   "max_new_tokens": 8, "text_encoder_out_layers": list(modular_builders.FLUX3_TEXT_LAYERS)}),
+        ZooModel("cosmos3-distilled", "Cosmos3DistilledModularPipeline", "video",
+                 "Cosmos 3 distilled layout (modular only): 2 joint text/vision layers, 8 query / 4 KV heads; no text "
+                 "encoder (the transformer embeds the token ids); Wan VAE; 4 fixed steps, 1 call per step; 9 frames "
+                 "of 64x64 -> 48 vision + 212 text tokens; safety checker off in the folder's config",
+                 modular_video.build_cosmos3_distilled,
+                 {"prompt": "a small red cube spinning", "height": 64, "width": 64, "num_frames": 9,
+                  "num_inference_steps": len(modular_video.COSMOS3_SIGMAS)}),
         # Not from diffusers: the code is the `tinymm` package in the repository's examples/ (ditgate.core.examples).
         ZooModel("tinymm", "TinyMMPipeline", "image",
                  "not in diffusers (examples/tinymm): 4 joint blocks, 4 query / 2 KV heads, 2-D RoPE, text padding "
