@@ -4,8 +4,8 @@
         [--out DIR] [--merge PREVIOUS.json] [--render SURVEY.json]
 
 For each class diffusers exports (`*ModularPipeline`), the survey looks for a tiny seeded offline model:
-- a model built as the modular class itself (zoo:flux3, and the distilled FLUX.3 built here by
-  `ditgate.zoo.modular_builders.build_flux3(distilled=True)`: no standard class exists), or
+- a model built as the modular class itself (zoo:flux3, zoo:cosmos3-distilled, and the distilled FLUX.3 built here
+  by `ditgate.zoo.modular_builders.build_flux3(distilled=True)`: no standard class exists), or
 - a standard zoo model (`zoo:NAME` or `zoo:pipe/NAME`) whose folder diffusers maps to the class
   (`ModularPipeline.from_pretrained` on its `model_index.json`), loaded with `--pipeline diffusers:<Class>`.
 A class with neither is classified by the components its default blocks expect (what a tiny builder would need).
@@ -30,10 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("baseline", "cache", "cp-ulysses-2", "tp-2")
 FLUX3_PLUGIN = ROOT / "examples" / "flux3" / "integration.py"
+COSMOS3_PLUGIN = ROOT / "examples" / "cosmos3" / "integration.py"
 # Modular classes with no standard twin, built as the class itself: model (zoo entry or a folder built here), plugin.
 MODULAR_ONLY = {
     "Flux3ModularPipeline": ("zoo:flux3", FLUX3_PLUGIN),
     "Flux3DistilledModularPipeline": ("flux3-distilled", FLUX3_PLUGIN),
+    "Cosmos3DistilledModularPipeline": ("zoo:cosmos3-distilled", COSMOS3_PLUGIN),
 }
 RUN_TIMEOUT_S = 1200  # one model's four rows; a run that takes longer is reported as such
 # Classification of the gaps, with the evidence (set from the measured table; see benchmarks/README.md).
@@ -74,9 +76,15 @@ NOTES: dict[str, str] = {
         "processor lookup (AttributeError: VIDEO_PROCESSOR_MAPPING has no _extra_content) in this environment "
         "without torchvision; the QwenImageEditModularPipeline row waits for that builder"),
     "Cosmos3DistilledModularPipeline": (
-        "no tiny builder: a tiny Cosmos3OmniTransformer + Wan VAE + Qwen2 tokenizer builds, but the blocks refuse "
-        "to run without a safety checker (diffusers modular_pipelines/cosmos/encoders.py:435); "
-        "`pipe.disable_safety_checker()` is not saved with the folder, so a loaded folder needs a loader option"),
+        "cp: a library limit, not a modular or tiny-model gap: the Cosmos3 attention processor calls causal GQA "
+        "attention for the text stream (diffusers models/transformers/transformer_cosmos3.py:94-100), and cache-dit's "
+        "templated CP attention refuses causal attention (cache_dit/attention/backends/register.py:313-314) and GQA "
+        "without a cp_gqa_strategy (:317-318), as diffusers' own does (models/attention_dispatch.py:2925-2928); the "
+        "model keeps CP outside the declarative plan (transformer_cosmos3.py:380-389). cache and tp pass with "
+        "examples/cosmos3/integration.py, whose functor replaces cache-dit's registered Cosmos3OmniPatchFunctor: "
+        "its transformer forward has no return_dict (cache_dit/caching/patch_functors/functor_cosmos3.py:77-103), "
+        "which the blocks pass (modular_pipelines/cosmos/denoise.py:240-241). The folder's config sets "
+        "enable_safety_checker false (the guardrail model cannot be built offline)"),
 }
 
 
