@@ -5,7 +5,8 @@
   blocks refuse to run (the guardrail model cannot be built offline);
 - with examples/cosmos3/integration.py the baseline is a 9-frame video and the cache row passes (pipeline-level
   adapter, one transformer call per step); the plugin declaring two calls per step (what cache-dit's registered
-  Cosmos adapter says) fails on the cache-cfg proof;
+  Cosmos adapter says) fails on the cache-cfg proof; under a residual threshold the layers cached text stream first
+  (no functor) cache every step on a residual diff of 0 and fail on latents;
 - without a plugin, cache-dit's registered Cosmos3OmniPatchFunctor cannot be called by the blocks (no return_dict);
 - tp-2 passes; cp-ulysses-2 stops at cache-dit's templated CP attention, which refuses causal attention.
 """
@@ -22,15 +23,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "examples" / "cosmos3" / "integration.py"
 WRONG_CFG = ROOT / "examples" / "cosmos3" / "integration_wrong_cfg.py"
+TEXT_FIRST = ROOT / "examples" / "cosmos3" / "integration_text_first.py"
+THRESHOLD = {"mask": None, "residual_diff_threshold": 0.2, "max_warmup_steps": 1}  # cache-dit decides on residuals
 MODEL = "zoo:cosmos3-distilled"
 
 
-def _run(rows, out, integration=PLUGIN):
+def _run(rows, out, integration=PLUGIN, cache_config=None):
     from ditgate.core import request
     from ditgate.run import rows as rows_mod
     from ditgate.run.runner import RunConfig, run
 
-    cfg = RunConfig(model=MODEL, rows=rows_mod.select(rows_mod.DEFAULT_ROWS, rows), out=out,
+    chosen = rows_mod.with_cache_config(rows_mod.select(rows_mod.DEFAULT_ROWS, rows), cache_config or {})
+    cfg = RunConfig(model=MODEL, rows=chosen, out=out,
                     request=request.for_model(MODEL), integration=integration)
     report = run(cfg, progress=lambda line: None)
     return {r["name"]: r for r in report["rows"]}, out
@@ -90,6 +94,23 @@ def test_two_calls_per_step_declared_fails_on_cache_cfg(cosmos_run):
     checked = {p.feature: p for p in proofs.check(row, outcome.facts, base_row, base)}
     assert not checked["cache-cfg"].passed
     assert "has_separate_cfg=True" in checked["cache-cfg"].detail and "made 1 per step" in checked["cache-cfg"].detail
+
+
+def test_text_stream_first_caches_every_step_and_fails(tmp_path):
+    """Under a residual threshold the stream cache-dit decides on matters: the text stream (the layers' first input)
+    never changes, so its residual diff is 0 and every step after the warm-up is cached; the vision stream first
+    (integration.py's functor) caches only where the vision tokens settle."""
+    def cache_row(integration, name):
+        rows, out = _run("baseline,cache", tmp_path / name, integration=integration, cache_config=THRESHOLD)
+        facts = json.loads((out / "rows" / "cache" / "result.json").read_text())["facts"]["cache"][0]
+        return rows["cache"]["status"], facts
+
+    status, facts = cache_row(TEXT_FIRST, "text-first")
+    assert status == "failed" and set(facts["residual_diffs"].values()) == {0.0}
+    assert facts["cached_steps"] == [1, 2, 3]
+    status, facts = cache_row(PLUGIN, "vision-first")
+    assert status == "passed" and min(facts["residual_diffs"].values()) > 0.05
+    assert facts["cached_steps"] == [1, 3]
 
 
 def test_registered_cosmos_functor_cannot_be_called_by_the_blocks(tmp_path):

@@ -16,7 +16,9 @@ functor_cosmos3.py:77-103) and both the modular denoiser (diffusers modular_pipe
 (pipelines/cosmos/pipeline_cosmos3_omni.py:1781) pass it: the cache row fails with a TypeError. It also drops the
 model's context-parallel seams and the time embedder's dtype cast. The functor here keeps the model's own forward
 and only swaps the streams: each layer gets cache-dit's `(gen, und)` layer forward, and `_run_decoder_stack`
-(the layer loop the forward calls) passes the streams in that order: ForwardPattern.Pattern_0.
+(the layer loop the forward calls) passes the streams in that order: ForwardPattern.Pattern_0. The order matters
+under a residual threshold, not under the default static schedule: `integration_text_first.py` (the layers as they
+come, text first) caches every step on a residual diff of exactly 0 and fails on latents.
 `has_separate_cfg` is False: guidance is distilled, the blocks force `guidance_scale` to 1.0
 (modular_pipelines/cosmos/before_denoise.py:1360-1368, Cosmos3DistilledSetTimestepsStep) and the denoiser then runs only its "cond" pass, one call per
 step (denoise.py:205-210); cache-dit's registered adapter declares True (adapters.py:384) (right for the undistilled Cosmos3OmniPipeline's two passes).
