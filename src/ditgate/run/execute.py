@@ -244,12 +244,7 @@ def load_pristine(model_path: Path, *, dtype: str = "float32", device: str = "cp
     device = _device_for_rank(device, local_rank)
     start = time.perf_counter()
     pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
-    pristine = Pristine(pipe, device, load_s=time.perf_counter() - start)
-    # what exists now lives for the whole run: out of the collector's sight, each row's collections only walk
-    # what the row made (0.2 s a collection on zoo:flux otherwise); Pristine.release gives it back
-    gc.collect()
-    gc.freeze()
-    return pristine
+    return Pristine(pipe, device, load_s=time.perf_counter() - start)
 
 
 def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device: str,

@@ -79,13 +79,16 @@ def time_summary(rows: list[dict[str, Any]], wall_s: float | None, launch: str |
     earlier run count neither); `checks`: the results of the rows the verdicts use but the table does not show
     (sensitivity, cache-off twins), whose generations count as generations (`checks_s` of them); `other_s`: judging,
     the report, waiting for groups, the command's own start."""
-    ran = [r for r in [*rows, *checks] if r.get("generate_s") is not None and not r.get("resumed")]
+    def timed(results):
+        return [r for r in results if r.get("generate_s") is not None and not r.get("resumed")]
+
+    ran, checks_ran = timed(rows), timed(checks)
+    ran += checks_ran
     generate = sum(r["generate_s"] for r in ran)
-    names = {r["name"] for r in checks}
     parts = {k: sum((r.get("overhead") or {}).get(k, 0.0) for r in ran) for k in OVERHEAD_PARTS}
     overhead = None if wall_s is None else wall_s - generate
     return {"launch": launch, "generate_s": round(generate, 3),
-            "checks_s": round(sum(r["generate_s"] for r in ran if r["name"] in names), 3),
+            "checks_s": round(sum(r["generate_s"] for r in checks_ran), 3),
             "overhead_s": None if overhead is None else round(overhead, 3), **{k: round(v, 3) for k, v in parts.items()},
             "other_s": None if overhead is None else round(overhead - sum(parts.values()), 3),
             "overhead_per_row_s": None if overhead is None or not ran else round(overhead / len(ran), 3)}

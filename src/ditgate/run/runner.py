@@ -231,8 +231,8 @@ class Runner:
 
     def _release(self) -> None:
         if self._pristine is not None:
+            self._pristine.release()
             self._pristine = None
-            gc.unfreeze()  # execute.load_pristine froze what existed after the load, the pipeline with it
             gc.collect()
             if self.cfg.device.startswith("cuda"):
                 import torch
@@ -351,9 +351,11 @@ class Runner:
             self.profile, note = profile_for(self.model_path, self.cfg.request, self.cfg.dtype)
         from ditgate.run.rows import SENSITIVITY
 
-        shown = [s for s in self.states.values()  # these two live in the verdicts
-                 if s.row.name != SENSITIVITY.name and not s.row.name.endswith("-cache-off")]
-        checks = [s.result for s in self.states.values() if s not in shown and s.ran]
+        def is_check(state) -> bool:  # these two live in the verdicts, not in the table
+            return state.row.name == SENSITIVITY.name or state.row.name.endswith("-cache-off")
+
+        shown = [s for s in self.states.values() if not is_check(s)]
+        checks = [s.result for s in self.states.values() if is_check(s) and s.ran]
         return report.write(self.run_dir, self.cfg, shown,
                             wall_s=round(time.perf_counter() - self._start, 2), profile=self.profile,
                             profile_note=note, checks=checks)
