@@ -17,8 +17,8 @@ import numpy as np
 
 from ditgate import zoo
 from ditgate.core import request
-from ditgate.run import rows
-from ditgate.run.execute import run_row
+from ditgate.run.define import rows
+from ditgate.run.exec.execute import run_row
 from ditgate.metrics import audio_metrics, tensor_metrics
 
 MODEL = "zoo:stable-audio"

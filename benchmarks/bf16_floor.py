@@ -34,9 +34,9 @@ from ditgate.core import request
 from ditgate.gates import floor as floor_rule
 from ditgate.gates.first_step import summary
 from ditgate.metrics import score_frames, tensor_metrics
-from ditgate.run import rows
-from ditgate.run.execute import run_row
-from ditgate.run.isolation import Pristine
+from ditgate.run.define import rows
+from ditgate.run.exec.execute import run_row
+from ditgate.run.exec.isolation import Pristine
 
 DTYPE = "bfloat16"
 CACHE = rows.Row("cache", "cache", cache=rows.DEFAULT_CACHE, description="the default cache row")

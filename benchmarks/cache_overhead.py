@@ -30,7 +30,7 @@ CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 @contextmanager
 def timers(pipe, clock):
     """Per-call seconds of the transformer and of all its blocks together."""
-    from ditgate.run.probes import block_lists, transformers_of
+    from ditgate.run.exec.probes import block_lists, transformers_of
 
     spans = {"transformer": [], "blocks": []}
     start: dict[str, float] = {}
@@ -64,9 +64,9 @@ def measure(model: str, cache: dict | None, steps: int, repeats: int, size: int,
 
     from ditgate import load, zoo
     from ditgate.core import request
-    from ditgate.run.execute import cache_config
+    from ditgate.run.define.configs import cache_config
     from ditgate.core.loader import resolve
-    from ditgate.run.rows import Row
+    from ditgate.run.define.rows import Row
 
     path = resolve(model)
     req = request.build(zoo.read_meta(path), steps=steps, height=size, width=size)
@@ -131,7 +131,7 @@ def main() -> None:
     import torch
 
     from ditgate.core.loader import resolve
-    from ditgate.run.probes import block_lists, transformers_of
+    from ditgate.run.exec.probes import block_lists, transformers_of
 
     clock = CLOCKS[args.clock]
     base = measure(args.model, None, args.steps, args.repeats, args.size, clock)

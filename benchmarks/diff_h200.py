@@ -54,9 +54,9 @@ def _sync(device: str) -> None:
 
 def main() -> None:
     from ditgate.core import request
-    from ditgate.run.diff import locate, tolerance
-    from ditgate.run.diff_report import plot
-    from ditgate.run.divergence import Recorder, capture, compare_summaries
+    from ditgate.run.diff.compare import locate, tolerance
+    from ditgate.run.diff.report import plot
+    from ditgate.run.diff.divergence import Recorder, capture, compare_summaries
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")

@@ -238,7 +238,7 @@ def _lists(block_lists) -> list[dict[str, Any]]:
 
 
 def cache_dit_view(model, result: Result) -> None:
-    from ditgate.inspect.support import _planner_name, activate_registries, describe_adapter
+    from ditgate.inspect.plan.support import _planner_name, activate_registries, describe_adapter
     from cache_dit.distributed.transformers.register import (ContextParallelismPlannerRegister,
                                                              TensorParallelismPlannerRegister)
 

@@ -40,8 +40,8 @@ CONFIGS = {
 
 
 def cache_config(name: str, steps: int):
-    from ditgate.run.execute import cache_config as row_cache_config
-    from ditgate.run.rows import DEFAULT_CACHE, Row
+    from ditgate.run.define.configs import cache_config as row_cache_config
+    from ditgate.run.define.rows import DEFAULT_CACHE, Row
 
     fields = dict(DEFAULT_CACHE)
     if name == "dynamic":
@@ -55,7 +55,7 @@ def enable(pipe, level: str, config):
     import cache_dit
 
     from ditgate.core import modular
-    from ditgate.run import modular as modular_rows
+    from ditgate.run.exec import modular as modular_rows
 
     if level == "pipeline":  # what ditgate's rows give cache-dit
         adapter = modular_rows.block_adapter(pipe, None, for_cache=True)

@@ -24,8 +24,8 @@ t0 = time.perf_counter()
 import diffusers, cache_dit  # noqa: F401
 from ditgate import load, zoo
 from ditgate.core import request
-from ditgate.run.execute import generate
-from ditgate.run.probes import Probes
+from ditgate.run.exec.execute import generate
+from ditgate.run.exec.probes import Probes
 t1 = time.perf_counter()
 name, folder = sys.argv[1], sys.argv[2]
 path = zoo.build(name, folder)

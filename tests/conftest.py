@@ -41,7 +41,7 @@ def run_cli(capsys):
 def _default_run(tmp_path_factory, model: str):
     from ditgate import zoo
     from ditgate.core import request
-    from ditgate.run import rows
+    from ditgate.run.define import rows
     from ditgate.run.runner import RunConfig, run
 
     out = tmp_path_factory.mktemp(model.removeprefix("zoo:") + "-default") / "run"

@@ -12,13 +12,13 @@ import torch
 
 import ditgate
 from ditgate import zoo
-from ditgate.run import audio
+from ditgate.run.exec import audio
 from ditgate.gates import calibration
 from ditgate import gates
 from ditgate.core import request
-from ditgate.run import rows
-from ditgate.run.execute import run_row
-from ditgate.run.probes import Probes
+from ditgate.run.define import rows
+from ditgate.run.exec.execute import run_row
+from ditgate.run.exec.probes import Probes
 from ditgate.run.runner import RunConfig, run
 
 PLUGINS = Path(__file__).parent / "plugins"

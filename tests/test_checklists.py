@@ -12,7 +12,7 @@ from ditgate.checklists import ChecklistError, check_fact, expect_holds, fact_va
 from ditgate.checklists.named import CHECKS
 from ditgate.core.paths import checklists_dir, repo_root
 from ditgate.skill.markdown import parse
-from ditgate.skill.phases import PHASES
+from ditgate.skill.rules.phases import PHASES
 
 PLUGINS = Path(__file__).parent / "plugins"
 EXPECTED = {"gate-check", "cache", "cp", "tp", "tep", "vaep", "cli", "final", "audio", "custom-model", "perf-matrix"}

@@ -1,4 +1,4 @@
-"""Each CPU patch in ditgate.run.compat exists because cache-dit 1.5.3 fails without it on CPU.
+"""Each CPU patch in ditgate.run.exec.compat exists because cache-dit 1.5.3 fails without it on CPU.
 
 The `test_still_needed_*` tests check that the failure is still there. When one of them fails after an upgrade,
 the patch it guards is no longer needed: delete the patch and its test.
@@ -37,7 +37,7 @@ def test_still_needed_ring_merge_kernel_is_not_pytorch():
 def test_still_needed_rmsnorm_asserts_not_cpu():
     import importlib
 
-    from ditgate.run.compat import RMSNORM_MODULES
+    from ditgate.run.exec.compat import RMSNORM_MODULES
 
     for name in RMSNORM_MODULES:
         module = importlib.import_module(f"cache_dit.distributed.transformers.{name}")
@@ -47,7 +47,7 @@ def test_still_needed_rmsnorm_asserts_not_cpu():
 def test_patches_work_in_a_fresh_process():
     code = """
 import torch
-from ditgate.run import compat
+from ditgate.run.exec import compat
 names = compat.apply_cpu_patches()
 assert compat.apply_cpu_patches() == names  # once per process
 q, k, v = torch.randn(3, 1, 2, 8, 16).unbind(0)
@@ -76,7 +76,7 @@ from cache_dit import utils
 from cache_dit.distributed import dispatch  # holds a reference taken at its import
 start = time.perf_counter(); utils.maybe_empty_cache(); slept = time.perf_counter() - start
 assert slept >= 0.9, slept
-from ditgate.run import compat
+from ditgate.run.exec import compat
 compat.skip_settle_sleeps(); compat.skip_settle_sleeps()
 class Cycle: pass
 a = Cycle(); a.me = a; del a

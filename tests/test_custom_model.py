@@ -16,7 +16,7 @@ import ditgate
 from ditgate import zoo
 from ditgate.core import examples
 from ditgate.core import request
-from ditgate.run import rows
+from ditgate.run.define import rows
 from ditgate.inspect.anatomy import inspect_model
 from ditgate.run.runner import RunConfig, run
 

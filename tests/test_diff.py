@@ -17,8 +17,8 @@ TINYMM = ROOT / "examples" / "tinymm"
 def _diff(zoo_path, tmp_path, model, row_name, integration, dtype="float32"):
     from ditgate import zoo
     from ditgate.core import request
-    from ditgate.run import rows
-    from ditgate.run.diff import DiffConfig, diff
+    from ditgate.run.define import rows
+    from ditgate.run.diff.compare import DiffConfig, diff
 
     path = zoo_path(model)
     chosen = {r.name: r for r in rows.select(rows.DEFAULT_ROWS, row_name)}
@@ -77,7 +77,7 @@ def test_failed_exact_row_gets_a_diff_section(zoo_path, tmp_path):
     """The runner's hook: a CP row without a gather fails its gate and its report names the missing gather."""
     from ditgate import zoo
     from ditgate.core import request
-    from ditgate.run import rows
+    from ditgate.run.define import rows
     from ditgate.run.runner import RunConfig, run
 
     path = zoo_path("flux")
@@ -105,7 +105,7 @@ def test_summaries_tell_one_changed_element_apart():
     """The summary pass sees a one-element change: the digest changes, and the sampled error does when sampled."""
     import torch
 
-    from ditgate.run.divergence import SAMPLES, compare_summaries, sample_indices, summarize
+    from ditgate.run.diff.divergence import SAMPLES, compare_summaries, sample_indices, summarize
 
     base = torch.randn(4, 300, dtype=torch.bfloat16)
     index = int(sample_indices(base.numel(), "cpu")[0])

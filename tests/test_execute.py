@@ -2,9 +2,9 @@ import gc
 import weakref
 
 from ditgate import zoo
-from ditgate.run import execute
+from ditgate.run.exec import execute
 from ditgate.core import request
-from ditgate.run import rows
+from ditgate.run.define import rows
 
 
 def test_a_finished_row_frees_its_pipeline(monkeypatch):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ditgate.inspect import flops
+from ditgate.inspect.flops import profile as flops
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -184,7 +184,7 @@ def test_video_files(run_cli, tmp_path):
 
 
 def write_row(run_dir, name, output, latents=None, noise=None, modality="image", dtype="float32"):
-    """A row folder in the layout `ditgate run` writes (see ditgate.run.store)."""
+    """A row folder in the layout `ditgate run` writes (see ditgate.run.exec.files)."""
     folder = run_dir / "rows" / name
     folder.mkdir(parents=True)
     np.save(folder / "output.npy", output)

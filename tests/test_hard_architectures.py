@@ -14,7 +14,7 @@ from ditgate import zoo
 from ditgate.inspect.anatomy import inspect_model
 from ditgate.inspect.text import render
 from ditgate.core import request
-from ditgate.run import rows
+from ditgate.run.define import rows
 from ditgate.run.runner import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]

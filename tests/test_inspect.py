@@ -264,7 +264,7 @@ def test_bare_transformer_pattern_against_cache_dit_adapter():
     from diffusers import BriaTransformer2DModel
 
     from ditgate.inspect.anatomy import observe_transformer
-    from ditgate.inspect.support import describe_adapter
+    from ditgate.inspect.plan.support import describe_adapter
 
     torch.manual_seed(0)
     model = BriaTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,

@@ -1,5 +1,5 @@
 import ditgate
-from ditgate.run.isolation import ClassSnapshot
+from ditgate.run.exec.isolation import ClassSnapshot
 
 
 def test_class_patches_are_undone(zoo_path):
@@ -29,7 +29,8 @@ def test_rows_on_the_pristine_pipeline_match_rows_loaded_from_disk(zoo_path):
 
     from ditgate import zoo
     from ditgate.core import request
-    from ditgate.run import execute, rows
+    from ditgate.run.exec import execute
+    from ditgate.run.define import rows
 
     path = zoo_path("flux")
     req = request.build(zoo.read_meta(path), steps=4)

@@ -14,23 +14,39 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "ditgate"
 
-# package -> the ditgate packages it may import (besides itself)
+# package -> the ditgate packages it may import (besides itself). A sub-package is named with its parent
+# ("run.exec"); a package allowed to import a parent may import every sub-package of it.
 ALLOWED = {
     "core": {"zoo"},
     "zoo": {"core"},
     "metrics": {"core"},
     "gates": {"core", "metrics"},
     "inspect": {"core", "zoo"},
-    "run": {"core", "zoo", "metrics", "gates", "inspect"},
+    "inspect.flops": {"core", "zoo"},
+    "inspect.plan": {"core", "zoo", "inspect"},
+    "run": {"core", "zoo", "metrics", "gates", "inspect", "run.define", "run.exec", "run.judge", "run.report",
+            "run.diff"},
+    # the runner's rooms, in the order data flows through them: each imports only the rooms before it
+    "run.define": {"core", "zoo", "inspect"},
+    "run.exec": {"core", "zoo", "metrics", "gates", "inspect", "run.define"},
+    "run.judge": {"core", "zoo", "metrics", "gates", "inspect", "run.define", "run.exec"},
+    "run.report": {"core", "zoo", "metrics", "gates", "inspect", "run.define", "run.exec", "run.judge"},
+    "run.diff": {"core", "zoo", "metrics", "gates", "inspect", "run.define", "run.exec", "run.judge"},
     "perf": {"core", "zoo", "metrics", "gates", "inspect", "run"},
     "skill": {"core", "cli"},  # the linter checks the skill's command lines with the CLI's own parser
+    "skill.rules": {"core", "cli", "skill"},
     "checklists": {"core", "zoo", "metrics", "gates", "inspect", "run", "skill"},
     "notebooks": {"core", "zoo", "metrics", "gates", "inspect", "run", "perf"},
     "commands": {"core", "zoo", "metrics", "gates", "inspect", "run", "perf", "skill", "checklists", "notebooks",
                  "cli"},
+    "commands.model": {"core", "zoo", "metrics", "gates", "inspect", "run", "perf", "skill", "checklists",
+                       "notebooks", "cli"},
+    "commands.tools": {"core", "zoo", "metrics", "gates", "inspect", "run", "perf", "skill", "checklists",
+                       "notebooks", "cli"},
     "cli": {"commands", "core", "top"},
     "top": {"core", "cli"},  # ditgate/__init__.py, ditgate/__main__.py
 }
+MAX_MODULES = 12  # modules a package holds, its __init__ and sub-packages not counted
 
 
 def _module_name(path: Path) -> str:
@@ -41,10 +57,30 @@ def _module_name(path: Path) -> str:
 
 
 def _package(module: str) -> str:
+    """The package a module belongs to: its deepest package directory below `ditgate` ("run.exec")."""
     parts = module.split(".")
     if len(parts) == 1 or parts[1] in ("__main__",):
         return "top"
-    return parts[1]
+    path = _file_of(module)
+    inner = parts[1:] if path is not None and path.name == "__init__.py" else parts[1:-1]
+    return ".".join(inner) or parts[1]
+
+
+def _rules(package: str) -> set[str]:
+    """What `package` may import: its ALLOWED entry, else its parent's (and the parent itself)."""
+    if package in ALLOWED:
+        return ALLOWED[package]
+    parent = package.rpartition(".")[0]
+    return _rules(parent) | {parent}
+
+
+def _allowed(mine: str, theirs: str) -> bool:
+    """May package `mine` import package `theirs`: itself and its own sub-packages, what its rules name, and the
+    sub-packages of a package its rules name (unless that package is one of its own parents: siblings are ordered)."""
+    if theirs == mine or theirs.startswith(mine + "."):
+        return True
+    rules = _rules(mine)
+    return theirs in rules or any(theirs.startswith(p + ".") and not mine.startswith(p + ".") for p in rules)
 
 
 def _imports(path: Path) -> set[str]:
@@ -66,7 +102,7 @@ def _imports(path: Path) -> set[str]:
                 continue
             if target != "ditgate":  # the root package holds only __version__ and the lazy `ditgate.load`
                 found.add(target)
-            for alias in node.names:  # `from ditgate.run import store` imports the module ditgate.run.store
+            for alias in node.names:  # `from ditgate.run import store` imports the module ditgate.run.exec.files
                 candidate = f"{target}.{alias.name}"
                 if _file_of(candidate) is not None:
                     found.add(candidate)
@@ -92,7 +128,7 @@ def _graph() -> dict[str, set[str]]:
 
 
 def test_every_package_is_placed():
-    packages = {_package(m) for m in _graph()}
+    packages = {_package(m).split(".")[0] for m in _graph()}
     assert packages <= set(ALLOWED), f"packages without a layer: {sorted(packages - set(ALLOWED))}"
 
 
@@ -102,8 +138,8 @@ def test_lower_packages_never_import_higher_ones():
         mine = _package(module)
         for dep in deps:
             theirs = _package(dep)
-            if theirs != mine and theirs not in ALLOWED[mine]:
-                problems.append(f"{module} imports {dep} ({mine} may import only {sorted(ALLOWED[mine])})")
+            if not _allowed(mine, theirs):
+                problems.append(f"{module} imports {dep} ({mine} may import only {sorted(_rules(mine))})")
     assert not problems, "\n".join(sorted(problems))
 
 
@@ -166,7 +202,7 @@ def test_the_checker_sees_a_planted_violation(tmp_path, monkeypatch):
 
 
 def test_packages_say_what_they_own_and_may_import():
-    for init in sorted(SRC.glob("*/__init__.py")):
+    for init in sorted(SRC.glob("*/**/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert doc, f"{init.relative_to(SRC)} has no docstring"
         assert "import" in doc, f"{init.relative_to(SRC)}'s docstring does not say what it may import"
@@ -175,3 +211,30 @@ def test_packages_say_what_they_own_and_may_import():
 def test_modules_stay_small():
     big = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 420}
     assert not big, f"modules over ~400 lines: {big}"
+
+
+def test_packages_stay_small():
+    """No package holds more than MAX_MODULES modules: a bigger one is split into sub-packages by what they do."""
+    big = {}
+    for init in SRC.glob("**/__init__.py"):
+        n = len([p for p in init.parent.glob("*.py") if p.name != "__init__.py"])
+        if n > MAX_MODULES:
+            big[str(init.parent.relative_to(SRC))] = n
+    assert not big, f"packages over {MAX_MODULES} modules: {big}"
+
+
+def test_the_checker_sees_a_sub_package_out_of_order(tmp_path, monkeypatch):
+    """The rooms of the runner are layered too: the execution room importing the judging room is reported."""
+    fake = tmp_path / "ditgate"
+    for room in ("exec", "judge"):
+        (fake / "run" / room).mkdir(parents=True)
+        (fake / "run" / room / "__init__.py").write_text("")
+    (fake / "run" / "__init__.py").write_text("")
+    (fake / "run" / "judge" / "proofs.py").write_text("def check():\n    pass\n")
+    (fake / "run" / "exec" / "execute.py").write_text("from ditgate.run.judge import proofs\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    with pytest.raises(AssertionError, match="ditgate.run.exec.execute imports ditgate.run.judge.proofs"):
+        test_lower_packages_never_import_higher_ones()
+    (fake / "run" / "exec" / "execute.py").write_text("")
+    (fake / "run" / "judge" / "proofs.py").write_text("from ditgate.run.exec import execute\n")
+    test_lower_packages_never_import_higher_ones()

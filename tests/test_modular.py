@@ -27,7 +27,7 @@ FLUX3_WRONG_CFG = ROOT / "examples" / "flux3" / "integration_wrong_cfg.py"
 
 def _run(model, rows, out, **kwargs):
     from ditgate.core import request
-    from ditgate.run import rows as rows_mod
+    from ditgate.run.define import rows as rows_mod
     from ditgate.run.runner import RunConfig, run
 
     cfg = RunConfig(model=model, rows=rows_mod.select(rows_mod.DEFAULT_ROWS, rows), out=out,
@@ -102,9 +102,9 @@ def test_flux3_modular_only_pipeline_passes_with_its_plugin(flux3_run):
 def test_wrong_calls_per_step_flag_fails_on_cache_cfg(flux3_run):
     from ditgate import zoo
     from ditgate.core import plugin, request
-    from ditgate.run import proofs
-    from ditgate.run.execute import run_row
-    from ditgate.run.rows import DEFAULT_ROWS
+    from ditgate.run.judge import proofs
+    from ditgate.run.exec.execute import run_row
+    from ditgate.run.define.rows import DEFAULT_ROWS
 
     _, out = flux3_run
     path = zoo.materialize("zoo:flux3")

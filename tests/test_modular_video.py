@@ -30,7 +30,7 @@ MODEL = "zoo:cosmos3-distilled"
 
 def _run(rows, out, integration=PLUGIN, cache_config=None):
     from ditgate.core import request
-    from ditgate.run import rows as rows_mod
+    from ditgate.run.define import rows as rows_mod
     from ditgate.run.runner import RunConfig, run
 
     chosen = rows_mod.with_cache_config(rows_mod.select(rows_mod.DEFAULT_ROWS, rows), cache_config or {})
@@ -82,9 +82,9 @@ def test_cosmos3_baseline_is_a_video_and_cache_passes(cosmos_run):
 def test_two_calls_per_step_declared_fails_on_cache_cfg(cosmos_run):
     from ditgate import zoo
     from ditgate.core import plugin, request
-    from ditgate.run import proofs
-    from ditgate.run.execute import run_row
-    from ditgate.run.rows import DEFAULT_ROWS
+    from ditgate.run.judge import proofs
+    from ditgate.run.exec.execute import run_row
+    from ditgate.run.define.rows import DEFAULT_ROWS
 
     _, out = cosmos_run
     row = next(r for r in DEFAULT_ROWS if r.name == "cache")

@@ -68,7 +68,8 @@ def test_phase_without_its_feature_is_refused_before_anything_runs(run_cli, tmp_
 
 def test_rows_whose_feature_is_configured_but_leaves_no_trace_fail():
     """Every phase has a proof: a configured feature whose facts show nothing fails its proof."""
-    from ditgate.run import proofs, rows
+    from ditgate.run.judge import proofs
+    from ditgate.run.define import rows
 
     base = rows.BASELINE
     empty = {"transformer_calls": 8, "last_block_calls": {}, "sharded": {}, "block_seq_len": {}}

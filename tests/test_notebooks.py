@@ -24,14 +24,14 @@ import pytest
 
 from ditgate import zoo
 from ditgate import notebooks
-from ditgate.run import rows
+from ditgate.run.define import rows
 from ditgate.notebooks import NOTEBOOKS, NotebookError
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).parent / "plugins"
 ROUTE = [nb for nb in NOTEBOOKS if nb.in_all]
 BY_PHASE = {nb.phase: nb for nb in NOTEBOOKS}
-HAS_MATRIX = importlib.util.find_spec("ditgate.commands.matrix") is not None
+HAS_MATRIX = importlib.util.find_spec("ditgate.commands.model.matrix") is not None
 HAS_AUDIO = "stable-audio" in zoo.ZOO
 
 
@@ -90,7 +90,7 @@ def test_committed_notebooks_are_what_the_script_writes(tmp_path):
 
 
 def test_linter_finds_every_phase_notebook():
-    from ditgate.skill import lint
+    from ditgate.skill.rules import lint
 
     findings = [f.format() for f in lint(ROOT).findings if f.rule == "phase-files" and "notebook" in f.message]
     assert findings == []
@@ -170,7 +170,7 @@ def test_gates_parameter_judges_with_another_table(tmp_path):
 def test_a_reference_output_with_nan_fails_the_phase(tmp_path):
     import numpy as np
 
-    from ditgate.run import store
+    from ditgate.run.exec import files as store
 
     run_dir = tmp_path / "baseline"
     store.write_array(store.row_dir(run_dir, "baseline") / "output.npy", np.array([[[0.5, np.nan, 0.2]]], np.float32))
@@ -343,7 +343,7 @@ def test_audio_notebook_on_stable_audio(tmp_path):
     assert _shown(tmp_path / "90_audio.ipynb", "text/html")  # the audio players
 
 
-@pytest.mark.skipif(not HAS_MATRIX, reason="`ditgate matrix` (ditgate.commands.matrix, ditgate.perf.matrix) is not in this "
+@pytest.mark.skipif(not HAS_MATRIX, reason="`ditgate matrix` (ditgate.commands.model.matrix, ditgate.perf.matrix) is not in this "
                                            "checkout")
 def test_perf_matrix_notebook(tmp_path):
     done = _ditgate("notebook", "run", "perf_matrix", "--model", "zoo:flux", "--out", tmp_path,

@@ -8,9 +8,9 @@ import pytest
 
 from ditgate import zoo
 from ditgate.perf import matrix as perf
-from ditgate.run import preflight
+from ditgate.run.define import preflight
 from ditgate.core import request
-from ditgate.run import rows
+from ditgate.run.define import rows
 from ditgate.perf.acceptance import tier_refusal
 from ditgate.core.paths import checklists_dir
 

@@ -3,8 +3,8 @@
 import pytest
 
 from ditgate.core.plugin import PluginError, split_dims
-from ditgate.run import proofs
-from ditgate.run.rows import BASELINE, Row
+from ditgate.run.judge import proofs
+from ditgate.run.define.rows import BASELINE, Row
 
 ULYSSES = Row("cp-ulysses-2", "cp", parallel={"ulysses_size": 2})
 CACHE = Row("cache", "cache", cache={"Fn_compute_blocks": 1})

@@ -22,7 +22,7 @@ from ditgate.core import request
 from ditgate.gates import floor as floor_rule
 from ditgate.gates.first_step import check as first_step_check
 from ditgate.metrics.frames import chunk_boundaries, frame_scores
-from ditgate.run import rows
+from ditgate.run.define import rows
 from ditgate.run.runner import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def test_cache_config_sets_the_default_cache_rows():
 
 
 def test_a_cache_row_failing_only_on_latents_says_what_to_try():
-    from ditgate.run.judge import _latents_only_hint
+    from ditgate.run.judge.gating import _latents_only_hint
 
     rng = np.random.default_rng(0)
     image = rng.random((32, 32, 3)).astype(np.float32)

@@ -58,7 +58,7 @@ def test_rows_against_a_failed_baseline_are_not_launched(run_cli, tmp_path):
 
 
 def test_hints_name_the_component_that_failed():
-    from ditgate.run.hints import HINTS, hint_for
+    from ditgate.run.judge.hints import HINTS, hint_for
 
     assert hint_for("tep", "ValueError: no TP planner for FluxTransformer2DModel") == HINTS["tp"]
     assert hint_for("tep", "no text-encoder planner for T5EncoderModel") == HINTS["tep"]
@@ -70,8 +70,8 @@ def test_hints_name_the_component_that_failed():
 def test_speedups_above_their_ideal_or_without_warm_up_are_marked():
     from types import SimpleNamespace
 
-    from ditgate.run import rows
-    from ditgate.run.predict import caveats
+    from ditgate.run.define import rows
+    from ditgate.run.define.predict import caveats
 
     row = rows.Row("cache", "cache", cache=rows.DEFAULT_CACHE)
     result = {"facts": {"transformer_calls": 28, "cache": [{"cached_steps": list(range(13))}]}}  # ideal 28/15

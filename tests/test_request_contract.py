@@ -20,8 +20,8 @@ from PIL import Image
 from ditgate import zoo
 from ditgate.core import request
 from ditgate.core.errors import DitgateError
-from ditgate.run import rows
-from ditgate.run.outputs import decoded
+from ditgate.run.define import rows
+from ditgate.run.exec.outputs import decoded
 from ditgate.run.runner import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,7 +187,7 @@ def test_outputs_of_every_form():
 def test_sample_rate_under_the_names_real_audio_models_use():
     from types import SimpleNamespace
 
-    from ditgate.run.audio import AudioLayoutError, sample_rate
+    from ditgate.run.exec.audio import AudioLayoutError, sample_rate
 
     assert sample_rate(SimpleNamespace(vae=SimpleNamespace(config=SimpleNamespace(sample_rate=24000)))) == 24000
     assert sample_rate(SimpleNamespace(vae=SimpleNamespace(config=SimpleNamespace()), sample_rate=16000)) == 16000

@@ -1,7 +1,7 @@
 import pytest
 
-from ditgate.run import rows
-from ditgate.run.rows import RowError
+from ditgate.run.define import rows
+from ditgate.run.define.rows import RowError
 
 
 def test_default_rows_follow_the_integration_order_and_world_sizes():

@@ -8,7 +8,8 @@ import pytest
 
 from ditgate import zoo
 from ditgate.core import request
-from ditgate.run import rows, store
+from ditgate.run.define import rows
+from ditgate.run.exec import files as store
 from ditgate.core.paths import checklists_dir
 from ditgate.run.runner import RunConfig, RunFolderError, run
 

@@ -37,7 +37,7 @@ import pytest
 
 from ditgate.skill import install_skill
 from ditgate.skill.base import load_skill
-from ditgate.skill.commandlines import RUNNABLE, SHELL_FENCES, logical_lines
+from ditgate.skill.rules.commandlines import RUNNABLE, SHELL_FENCES, logical_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 EXITS = re.compile(r"\s+#\s*exits\s+(\d+)\s*$")
@@ -98,11 +98,11 @@ def run_script(path: str, argv: list[str]) -> int:
 def dry_run(argv: list[str]) -> int:
     """What `ditgate run ARGV` checks before it loads any weights, done here without running a row."""
     from ditgate.cli import build_parser
-    from ditgate.commands.run import build_request
+    from ditgate.commands.model.run import build_request
     from ditgate.core import plugin
     from ditgate.core.loader import pipeline_class, read_index, resolve
-    from ditgate.run import preflight
-    from ditgate.run import rows as rows_mod
+    from ditgate.run.define import preflight
+    from ditgate.run.define import rows as rows_mod
 
     args = build_parser().parse_args(argv)
     base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
@@ -189,7 +189,7 @@ def run_line(text: str, words: list[str], state: dict) -> tuple[str, int]:
 def test_the_installed_copy_is_self_contained(installed):
     """Every path the installed skill cites (links, `references/...`, `examples/...`, `$SKILL_DIR/...` in fences)
     resolves inside the installed folder: the linter, run on the copy, finds nothing."""
-    from ditgate.skill import lint
+    from ditgate.skill.rules import lint
 
     dest = installed["dest"]
     assert sorted(p.name for p in dest.iterdir()) == ["SKILL.md", "checklists", "examples", "notebooks", "references"]
@@ -200,7 +200,8 @@ def test_the_installed_copy_is_self_contained(installed):
 def test_a_file_missing_from_the_installed_copy_fails_lint(tmp_path):
     """An installation without a file the skill cites (an example a fence runs) is not self-contained: lint says
     where it is cited."""
-    from ditgate.skill import LintConfig, lint
+    from ditgate.skill import LintConfig
+    from ditgate.skill.rules import lint
 
     [dest] = install_skill(tmp_path / "project", source=ROOT).paths
     (dest / "examples" / "flux3" / "integration_wrong_cfg.py").unlink()

@@ -1,4 +1,5 @@
-"""`ditgate` command line: one module per subcommand in `ditgate.commands`.
+"""`ditgate` command line: one module per subcommand in `ditgate.commands.model` (commands that take a model) and
+`ditgate.commands.tools` (the others).
 
 A command module defines `HELP` (one line), `register(parser)` (adds its arguments) and `main(args) -> int`.
 Modules import heavy libraries (torch, diffusers, cache-dit) inside `main`, so `ditgate --help` stays fast.
@@ -18,14 +19,25 @@ from ditgate import __version__, commands
 from ditgate.core.errors import DitgateError
 
 
+def command_modules() -> dict[str, object]:
+    """Every subcommand's module by its command name: the modules of `ditgate.commands`' sub-packages that define
+    `HELP` (the others, such as the shared options, are not commands)."""
+    found = {}
+    for group in pkgutil.iter_modules(commands.__path__):
+        package = importlib.import_module(f"{commands.__name__}.{group.name}")
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            if hasattr(module, "HELP"):
+                found[getattr(module, "NAME", info.name)] = module
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ditgate", description="Check each phase of integrating a diffusion transformer into cache-dit.")
     parser.add_argument("--version", action="version", version=f"ditgate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        name = getattr(module, "NAME", info.name)
+    for name, module in sorted(command_modules().items()):
         child = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.register(child)
         child.set_defaults(func=module.main)

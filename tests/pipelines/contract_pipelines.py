@@ -1,6 +1,6 @@
 """Pipelines that take, step and return things their own way, as real pipelines do: each is TinyMM's pipeline
 (examples/tinymm) behind another `__call__`, loaded with `--pipeline contract_pipelines:NAME` on the zoo:tinymm
-folder. The runtime contract (ditgate.core.request, ditgate.core.steps, ditgate.run.outputs) must run every
+folder. The runtime contract (ditgate.core.request, ditgate.core.steps, ditgate.run.exec.outputs) must run every
 default row of each without an adapter."""
 
 from __future__ import annotations

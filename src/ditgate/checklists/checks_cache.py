@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from ditgate.run.rows import DEFAULT_CACHE, Row
+from ditgate.run.define.rows import DEFAULT_CACHE, Row
 from ditgate.checklists.context import Context, EXACT_PHASE, NamedCheckError, Outcome, _as_list, failed, passed
 
 
@@ -180,7 +180,7 @@ def _rerun_row(ctx: Context, args: dict[str, Any]) -> list[Row]:
 
 
 def _equals_baseline(ctx: Context, name: str, what: str) -> Outcome:
-    from ditgate.run import store
+    from ditgate.run.exec import files as store
     from ditgate.gates.verdicts import evaluate, format_value
 
     base, cand = ctx.row("baseline"), ctx.row(name)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 from ditgate.core.errors import DitgateError
 from ditgate.core.request import Request
-from ditgate.run.rows import Row
+from ditgate.run.define.rows import Row
 
 
 EXACT_PHASE = "cp"  # the gate used for "equals the baseline": an exact phase (image gate + float32 tensor rule)

@@ -120,7 +120,7 @@ def _schema_problems(path: Path, data: Any) -> tuple[list[str], set[int | None]]
 
 
 def _known_rows() -> set[str]:
-    from ditgate.run.rows import DEFAULT_ROWS, REFERENCE_ROWS
+    from ditgate.run.define.rows import DEFAULT_ROWS, REFERENCE_ROWS
 
     return {r.name for r in DEFAULT_ROWS} | set(REFERENCE_ROWS)
 
@@ -137,7 +137,7 @@ def fact_problem(fact: str) -> str | None:
     """Why `fact` is no path into the inspect JSON (`Anatomy.to_dict()`), or None when it is one."""
     try:
         from ditgate.inspect.anatomy import Anatomy
-        from ditgate.inspect.support import Support
+        from ditgate.inspect.plan.support import Support
     except ImportError as exc:
         return f"ditgate inspect is not available here ({exc})"
     overrides = {(Anatomy, "cache_dit"): Support}  # a plain dict in Anatomy, built from Support.to_dict()

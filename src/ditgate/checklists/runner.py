@@ -121,7 +121,7 @@ def _guard(fn: Callable[[], Outcome]) -> Outcome:
 
 
 def _isolated(ctx: Context, fn: Callable[[], Outcome]) -> Outcome:
-    from ditgate.run.isolation import ClassSnapshot
+    from ditgate.run.exec.isolation import ClassSnapshot
 
     snapshot = ClassSnapshot.of(ctx.pipe())
     try:
@@ -208,7 +208,7 @@ class _Session:
 
     def run_rows(self, run_dir: Path) -> None:
         """ONE runner call: every row item, plus the rows that named checks are judged on."""
-        from ditgate.run.rows import BASELINE, DEFAULT_ROWS, select
+        from ditgate.run.define.rows import BASELINE, DEFAULT_ROWS, select
         from ditgate.run.runner import RunConfig, copy_finished_rows, run
 
         wanted = list(dict.fromkeys(i.check["row"] for c, i in self.items if i.kind == "row"))
@@ -331,7 +331,7 @@ def write_filled(filled: dict[str, Any]) -> Path:
     """Write a filled-in copy as `<run_dir>/checklist-<name>.yaml` (temporary file, then rename)."""
     import yaml
 
-    from ditgate.run.store import write_text
+    from ditgate.run.exec.files import write_text
 
     path = Path(filled["run"]["run_dir"]) / f"checklist-{filled['name']}.yaml"
     write_text(path, yaml.safe_dump(filled, sort_keys=False, allow_unicode=True, width=120))

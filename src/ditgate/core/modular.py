@@ -12,7 +12,7 @@ run only with `trust_remote_code=True`.
 
 A request is fitted to the blocks' inputs (`block_parameters`, read by `ditgate.core.request.fit_blocks`). A modular
 pipeline returns values of its state by name: `call` asks for the whole state and reads the output by the name the
-blocks declare (images, videos, audio); turning it into an array is `ditgate.run.outputs`' job, as for any pipeline.
+blocks declare (images, videos, audio); turning it into an array is `ditgate.run.exec.outputs`' job, as for any pipeline.
 """
 
 from __future__ import annotations

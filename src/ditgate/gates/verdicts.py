@@ -387,4 +387,4 @@ def evaluate(phase: str, modality: str, baseline: Any, candidate: Any, *, latent
     return Verdict(phase, modality, all(r.passed for r in results) and not broken, values, results, reasons)
 
 
-_normalize_dtype = normalize_dtype  # the name ditgate.run.diff imports
+_normalize_dtype = normalize_dtype  # the name ditgate.run.diff.compare imports

@@ -1,7 +1,7 @@
 """`ditgate inspect`: the anatomy of a diffusion pipeline, as the GATE CHECK needs it, and a draft plan.
 
 `inspect_model(model, ...)` loads a pipeline (a folder or `zoo:NAME`), runs it once for a few steps with hooks
-(`ditgate.inspect.observe`), reads cache-dit's registries (`ditgate.inspect.support`) and returns an `Anatomy`.
+(`ditgate.inspect.observe`), reads cache-dit's registries (`ditgate.inspect.plan.support`) and returns an `Anatomy`.
 `analyse(pipe, call)` does the same for a pipeline object already in memory.
 
 JSON keys (`Anatomy.to_dict()`, printed by `ditgate inspect --json`):
@@ -276,8 +276,8 @@ def _warnings(anatomy: Anatomy) -> list[str]:
 def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int | None = None,
             dropped: list[str] | None = None, seed: int = 0) -> Anatomy:
     """The anatomy of `pipe`, observed by running `pipe(**call)` once (keep the call tiny)."""
-    from ditgate.inspect import support as cachedit_support
-    from ditgate.inspect import plan as draft_plan
+    from ditgate.inspect.plan import support as cachedit_support
+    from ditgate.inspect.plan import draft as draft_plan
 
     groups = classify_components(pipe)
     transformers = groups["transformers"]

@@ -1,6 +1,6 @@
 """Traits of a transformer that decide its CP and TP plans, read from what one run did (`Probe` and `Trace`).
 
-Each finding says what was observed and what the plan does about it; `ditgate.inspect.plan` and `.text` show them.
+Each finding says what was observed and what the plan does about it; `ditgate.inspect.plan.draft` and `.text` show them.
 """
 
 from __future__ import annotations

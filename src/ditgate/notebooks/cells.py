@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ditgate.core import request as request_mod
-from ditgate.run import store
+from ditgate.run.exec import files as store
 from ditgate.core.errors import DitgateError
 from ditgate.notebooks.catalog import NOTEBOOKS, ROW_PHASE
 from ditgate.notebooks.catalog import GateFailed
@@ -75,7 +75,7 @@ def _scaled(row, world_size: int):
 def phase_rows(phase: str, world_size: int = 2) -> list:
     """The rows a phase's notebook runs (baselines added): the default rows of `ditgate run` whose phase it is,
     their parallel sizes set to `world_size`."""
-    from ditgate.run import rows
+    from ditgate.run.define import rows
 
     if world_size < 2:
         raise DitgateError(f"world_size must be at least 2, got {world_size}")
@@ -111,7 +111,7 @@ def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_si
     """Run the phase's rows (or the named `rows` of `ditgate run`) in `out_dir/<phase>`; returns the report.
     `request_opts`: pipeline, trust_remote_code, call (a JSON object), call_file, image, height, width, frames,
     steps, as the commands take them."""
-    from ditgate.run import rows as rows_mod
+    from ditgate.run.define import rows as rows_mod
     from ditgate.gates.verdicts import load_gates
     from ditgate.run.runner import RunConfig, run
 
@@ -263,7 +263,7 @@ def collect(out_dir: Path) -> dict[str, dict[str, Any]]:
 
 def results_table(out_dir: Path, report: dict[str, Any] | None = None) -> str:
     """Markdown: every gated row of the phase results in `out_dir`, then `report`'s rows; each row once."""
-    from ditgate.run.report import fmt
+    from ditgate.run.report.run_report import fmt
 
     lines = ["| phase | row | ranks | latency (s) | speedup | PSNR (dB) | SSIM | max-abs (latents) | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]

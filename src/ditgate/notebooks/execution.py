@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
-from ditgate.run import store
+from ditgate.run.exec import files as store
 from ditgate.notebooks.catalog import GateFailed, Notebook, NotebookError
 
 

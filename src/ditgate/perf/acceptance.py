@@ -14,9 +14,9 @@ from ditgate.core.errors import DitgateError
 from ditgate.core.loader import resolve
 from ditgate.core.request import Request
 from ditgate.perf import matrix as perf
-from ditgate.run import predict
-from ditgate.run import rows as rows_mod
-from ditgate.run.rows import Row
+from ditgate.run.define import predict
+from ditgate.run.define import rows as rows_mod
+from ditgate.run.define.rows import Row
 from ditgate.run.runner import RunConfig, run
 
 

@@ -4,7 +4,7 @@ The matrix is a set of rows run by the phase runner (`ditgate.run.runner`) again
 without TaylorSeer, torch.compile, quantization, context and tensor parallelism and their hybrids. Each row gets its
 median latency, speedup, PSNR/SSIM against the baseline under its phase's gate, peak memory and a verdict.
 
-Predictions come from a FLOP count of the transformer at the run's size (`ditgate.inspect.flops`) and from what the probes
+Predictions come from a FLOP count of the transformer at the run's size (`ditgate.inspect.flops.profile`) and from what the probes
 measured (the transformer's share of the baseline's time, the calls a cached row skipped):
 
     transformer speedup  S = calls x F(1) / (computed x F(ranks) + cached x F_always(ranks))
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ditgate.core.errors import DitgateError
-from ditgate.run.rows import BASELINE, Row
-from ditgate.run.predict import ABOVE_CEILING, FAR_BELOW
+from ditgate.run.define.rows import BASELINE, Row
+from ditgate.run.define.predict import ABOVE_CEILING, FAR_BELOW
 
 TIERS = {"A": 2, "B": 4, "C": 8}  # most ranks a tier's rows use
 TAYLORSEER_ORDER = 1  # cache-dit CLI --taylorseer-order default
@@ -159,7 +159,7 @@ def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
 
 
 def markdown(data: dict[str, Any]) -> str:
-    from ditgate.run.report import fmt, size_text, steps_text
+    from ditgate.run.report.run_report import fmt, size_text, steps_text
 
     call = data["request"]["call"]
     size = size_text(call)
@@ -273,7 +273,7 @@ def gate_lines(modality: str = "image") -> dict[str, float]:
 
 
 def write(run_dir: Path, data: dict[str, Any]) -> None:
-    from ditgate.run import store
+    from ditgate.run.exec import files as store
 
     modality = next((r.get("modality") for r in data.get("rows", []) if r.get("modality")), "image")
     picture = plot(data, run_dir / "speedup_vs_psnr.png", gate_lines(modality if modality != "audio" else "image"))

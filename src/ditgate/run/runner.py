@@ -1,7 +1,7 @@
 """The phase runner: the baseline and every row, on real cache-dit, compared, gated and reported.
 
 The run loads the pipeline once (`launch="once"`, the default): single-process rows run in this process, one after
-the other, each on a fresh copy of it (ditgate.run.isolation.Pristine). Rows of one world size share one worker
+the other, each on a fresh copy of it (ditgate.run.exec.isolation.Pristine). Rows of one world size share one worker
 group that starts once and loads once (on CPU its ranks are forked from this process and inherit the pipeline).
 A row that crashes or hangs ends its group; the report records the rank and its error, and the group is started
 again for the rows after it. `launch="per-row"` is the design before: every row loads from disk, and every
@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ditgate.core import modular
-from ditgate.run import store
-from ditgate.run.judge import audio_floor, judge_row
+from ditgate.run.exec import files as store
+from ditgate.run.judge.gating import audio_floor, judge_row
 from ditgate.core.errors import DitgateError
 from ditgate.core.request import Request
-from ditgate.run.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
+from ditgate.run.exec.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
                                 copy_finished_rows, default_out, prepare)
-from ditgate.run.folder import done as _done
-from ditgate.run.rows import Row
+from ditgate.run.exec.folder import done as _done
+from ditgate.run.define.rows import Row
 
 
 LAUNCHES = ("once", "per-row")
@@ -50,7 +50,7 @@ class RunConfig:
     warmup: int = 0
     repeats: int = 1
     gates: Path | None = None  # gate table to judge with; None: checklists/gates.json
-    diff: bool = False  # a failed exact row gets a `ditgate diff` section (ditgate.run.diff.diagnose)
+    diff: bool = False  # a failed exact row gets a `ditgate diff` section (ditgate.run.diff.compare.diagnose)
     launch: str = "once"  # "once": load once per process, one group per world size; "per-row": see the docstring
 
 
@@ -93,8 +93,8 @@ def _versions() -> dict[str, str]:
 
 
 def preflight(cfg: RunConfig, model_path: Path, row: Row) -> str | None:
-    """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.run.preflight)."""
-    from ditgate.run import preflight as checks
+    """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.run.define.preflight)."""
+    from ditgate.run.define import preflight as checks
 
     return checks.why_not(row, model_path=model_path, request=cfg.request, device=cfg.device)
 
@@ -104,7 +104,7 @@ class Runner:
         from ditgate.core.loader import read_index, resolve
 
         self.cfg = cfg
-        self.profile = profile  # ditgate.inspect.flops.Profile at the request's size; counted when the report needs it
+        self.profile = profile  # ditgate.inspect.flops.profile.Profile at the request's size; counted when the report needs it
         check_options(cfg)
         self.model_path = resolve(cfg.model)
         if not modular.is_modular_folder(self.model_path):
@@ -136,7 +136,7 @@ class Runner:
         self._announce(state)
 
     def _error(self, row: Row, message: str, **extra: Any) -> None:
-        from ditgate.run.execute import save_error
+        from ditgate.run.exec.execute import save_error
 
         self._record(self.states[row.name], save_error(self.run_dir, row, {"message": message, **extra}))
 
@@ -184,8 +184,8 @@ class Runner:
         return True
 
     def _cache_off(self) -> None:
-        """The caching-off twin of every single-process cache row that ran (see ditgate.run.cache_off)."""
-        from ditgate.run.cache_off import twin
+        """The caching-off twin of every single-process cache row that ran (see ditgate.run.judge.cache_off)."""
+        from ditgate.run.judge.cache_off import twin
 
         for state in [s for s in self.states.values() if s.ran]:
             row = twin(state.row, self.cfg.request.steps)
@@ -196,7 +196,7 @@ class Runner:
 
     def _gated_modalities(self, later: list[Row] = ()) -> list[str | None]:
         """The modality of every gated row that ran, and the baseline's for the gated rows still to run (`later`)."""
-        from ditgate.run.rows import BASELINE
+        from ditgate.run.define.rows import BASELINE
 
         found = [s.result.get("modality") for s in self.states.values() if s.ran and s.row.phase]
         base = self.states.get(BASELINE.name)
@@ -205,8 +205,8 @@ class Runner:
         return found
 
     def _sensitivity(self, later: list[Row] = ()) -> None:
-        """Run the sensitivity row when a gated row ran or is still to run (`later`; see ditgate.run.discrimination)."""
-        from ditgate.run.rows import SENSITIVITY
+        """Run the sensitivity row when a gated row ran or is still to run (`later`; see ditgate.run.judge.discrimination)."""
+        from ditgate.run.define.rows import SENSITIVITY
 
         if SENSITIVITY.name in self.states or not self._gated_modalities(later):
             return
@@ -219,7 +219,7 @@ class Runner:
 
     def _pristine_pipeline(self):
         """The pipeline loaded once in this process; None with launch="per-row"."""
-        from ditgate.run.execute import load_pristine
+        from ditgate.run.exec.execute import load_pristine
 
         if self.cfg.launch == "per-row":
             return None
@@ -244,7 +244,7 @@ class Runner:
         precision) and the run has none yet (see ditgate.gates.calibration.uses_floor). `later`: gated rows still to
         run, of the baseline's modality."""
         from ditgate.gates.calibration import uses_floor
-        from ditgate.run.rows import CALIBRATION
+        from ditgate.run.define.rows import CALIBRATION
 
         if CALIBRATION.name in self.states or not any(
                 uses_floor(m, self.cfg.dtype, self.gate_table()) for m in self._gated_modalities(later)):
@@ -258,7 +258,7 @@ class Runner:
 
     def _run_in_process(self, row: Row, warmup: int | None = None, repeats: int | None = None) -> None:
         from ditgate.core import plugin
-        from ditgate.run.execute import run_row, save_outcome
+        from ditgate.run.exec.execute import run_row, save_outcome
 
         try:
             pristine = self._pristine_pipeline()
@@ -275,7 +275,7 @@ class Runner:
         self._record(self.states[row.name], save_outcome(self.run_dir, row, outcome))
 
     def _run_group(self, rows: list[Row], size: int) -> None:
-        from ditgate.run.launch import run_group
+        from ditgate.run.exec.launch import run_group
 
         remaining = list(rows)
         while remaining:
@@ -286,7 +286,7 @@ class Runner:
                    "warmup": self.cfg.warmup, "repeats": self.cfg.repeats, "run_dir": str(self.run_dir),
                    "group_dir": str(self.run_dir / "groups" / f"world{size}-{next(self._groups)}"),
                    "launch": self.cfg.launch}
-            # on CPU the ranks are forked from this process and run on its pipeline (ditgate.run.launch)
+            # on CPU the ranks are forked from this process and run on its pipeline (ditgate.run.exec.launch)
             pristine = None
             if self.cfg.device == "cpu" and hasattr(os, "fork"):
                 try:
@@ -334,22 +334,22 @@ class Runner:
 
     # -- judging and reporting -------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
-        from ditgate.run import report
+        from ditgate.run.report import run_report as report
 
         for state in self.states.values():
             judge_row(self, state)
         audio_floor(self)  # the calibration row's measurement shows in the report even without an audio row gated
         if self.cfg.diff:
-            from ditgate.run.diff import diagnose
+            from ditgate.run.diff.compare import diagnose
 
             diagnose(self)
         note = None
         if self.profile is None and any(s.ran and (s.row.cache or s.row.world_size > 1)
                                         for s in self.states.values()):
-            from ditgate.run.predict import profile_for
+            from ditgate.run.define.predict import profile_for
 
             self.profile, note = profile_for(self.model_path, self.cfg.request, self.cfg.dtype)
-        from ditgate.run.rows import SENSITIVITY
+        from ditgate.run.define.rows import SENSITIVITY
 
         def is_check(state) -> bool:  # these two live in the verdicts, not in the table
             return state.row.name == SENSITIVITY.name or state.row.name.endswith("-cache-off")
@@ -371,7 +371,7 @@ class Runner:
 
 
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None) -> dict[str, Any]:
-    """Run every row of `cfg` and write the report; returns the report (see ditgate.run.report).
+    """Run every row of `cfg` and write the report; returns the report (see ditgate.run.report.run_report).
 
     `profile`: the FLOP profile at the request's size when the caller has one (else counted when needed)."""
     runner = Runner(cfg, progress, profile)

@@ -5,6 +5,6 @@ parser).
 """
 
 from ditgate.skill.install import InstallResult, install_skill
-from ditgate.skill.lint import RULE_IDS, RULES, Finding, LintConfig, LintReport, lint
+from ditgate.skill.rules.lint import RULE_IDS, RULES, Finding, LintConfig, LintReport, lint
 
 __all__ = ["RULES", "RULE_IDS", "Finding", "LintConfig", "LintReport", "lint", "install_skill", "InstallResult"]

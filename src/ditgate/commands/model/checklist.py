@@ -1,0 +1,102 @@
+"""`ditgate checklist PHASE --model MODEL`: run a phase's (or route's) checklist; `--validate` checks the files.
+
+PHASE is a checklist name (`cache`, `cp`, ..., see checklists/*.yaml), several separated by commas (they share one
+inspect pass and one runner call), or a path to a checklist file. Exit status: 0 when every automated item passes
+(manual items are listed, they do not fail the run), 1 when one fails or could not be checked, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+HELP = "run a phase's checklist (automated items checked, manual items listed) and write a filled-in copy"
+
+_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL"}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from ditgate.commands.model.run import add_model_arguments
+
+    parser.add_argument("phase", metavar="PHASE", nargs="?",
+                        help="checklist name(s), comma-separated (cache, cp, tp, ...), or a checklist file")
+    parser.add_argument("--validate", action="store_true",
+                        help="check the checklist files (all of them when PHASE is not given) and exit")
+    parser.add_argument("--list-checks", action="store_true", help="print the named checks and exit")
+    add_model_arguments(parser, model_option=True)
+    parser.add_argument("--integration", type=Path, metavar="FILE",
+                        help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
+    parser.add_argument("--out", type=Path, help="run folder for the rows and the filled-in checklists (new or "
+                        "empty; default: a new folder under runs/)")
+    parser.add_argument("--from-run", type=Path, metavar="RUN",
+                        help="a run folder of `ditgate run` on the same model and request: its finished rows are "
+                             "copied into --out and not computed again")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds a parallel group may go without progress before it is killed (default 600)")
+    parser.add_argument("--json", action="store_true", help="print the filled-in checklists as JSON")
+
+
+def _names(phase: str | None) -> list[str] | None:
+    return [p.strip() for p in phase.split(",") if p.strip()] if phase else None
+
+
+def _validate(phase: str | None) -> int:
+    from ditgate.checklists import validate_all
+
+    for checklist in validate_all(_names(phase)):
+        automated = sum(i.automated for i in checklist.items)
+        print(f"ok  {checklist.name:<14} {len(checklist.items):>2} items ({automated} automated, "
+              f"{len(checklist.items) - automated} manual)  {checklist.path}")
+    return 0
+
+
+def _list_checks() -> int:
+    from ditgate.checklists.named import CHECKS
+
+    for check in CHECKS.values():
+        args = ", ".join(f"{k}={'|'.join(map(str, a.choices)) if a.choices else a.kind.__name__}"
+                         + ("" if a.required else f" (default {a.default})") for k, a in check.args.items())
+        print(f"{check.name:<26} {check.summary}" + (f"  [args: {args}]" if args else ""))
+    return 0
+
+
+def render(filled: dict, path: Path) -> str:
+    counts = filled["run"]["counts"]
+    lines = [f"{filled['name']}: {filled['title']}  ({filled['run']['model']})"]
+    for item in filled["items"]:
+        result = item["result"]
+        lines.append(f"  {_MARK[result['status']]:<7} {item['id']:<28} {result['evidence']}")
+    lines.append(f"  {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors, "
+                 f"{counts['manual']} to check by hand -> {path}")
+    return "\n".join(lines) + "\n"
+
+
+def main(args: argparse.Namespace) -> int:
+    from ditgate.core.errors import DitgateError
+
+    if args.list_checks:
+        return _list_checks()
+    if args.validate:
+        return _validate(args.phase)
+    if not args.phase or not args.model:
+        raise DitgateError("ditgate checklist: give PHASE and --model MODEL (or --validate / --list-checks)")
+
+    from ditgate.checklists import RunOptions, load, run_checklists, write_filled
+    from ditgate.commands.model.run import build_request, device_and_dtype
+
+    checklists = [load(name) for name in _names(args.phase)]
+    device, dtype = device_and_dtype(args)
+    opts = RunOptions(model=args.model, request=build_request(args), dtype=dtype, device=device, integration=args.integration, pipeline=args.pipeline,
+                      trust_remote_code=args.trust_remote_code, out=args.out, timeout=args.timeout,
+                      from_run=args.from_run)
+    with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result
+        filled = run_checklists(checklists, opts)
+    paths = [write_filled(f) for f in filled]
+    if args.json:
+        print(json.dumps([f | {"file": str(p)} for f, p in zip(filled, paths)], indent=2, default=str))
+    else:
+        sys.stdout.write("\n".join(render(f, p) for f, p in zip(filled, paths)))
+    return 0 if all(f["run"]["passed"] for f in filled) else 1

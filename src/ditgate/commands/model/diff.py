@@ -1,0 +1,53 @@
+"""`ditgate diff MODEL --row ROW`: the first module where a row departs from its baseline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ditgate.commands.model.run import add_model_arguments, build_request, device_and_dtype
+from ditgate.core.errors import DitgateError
+
+HELP = "name the first module whose output differs between a row and its baseline (first transformer call)"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--row", required=True, help="the row to diff (a default row or one of --rows-file)")
+    parser.add_argument("--rows-file", type=Path, help="YAML file of rows to take --row from")
+    parser.add_argument("--integration", type=Path, metavar="FILE", help="plugin file (as for `ditgate run`)")
+    parser.add_argument("--out", type=Path, help="folder for diff.json, diff.md, diff.png (default: under runs/)")
+    parser.add_argument("--window", type=int, default=3, help="modules shown past the first divergence (default 3)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds the row's ranks may go without progress before they are killed (default 600)")
+    parser.add_argument("--json", action="store_true", help="print diff.json instead of the table")
+
+
+def main(args: argparse.Namespace) -> int:
+    from ditgate.core.loader import resolve
+    from ditgate.run.define import rows as rows_mod
+    from ditgate.run.diff.compare import DiffConfig, diff
+    from ditgate.run.diff.report import markdown
+    from ditgate.run.runner import default_out
+
+    base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
+    chosen = {r.name: r for r in rows_mod.select(base, args.row)}
+    row = chosen[args.row]
+    if not row.baseline:
+        raise DitgateError(f"row {row.name!r} is a reference row: it has no baseline to diff against")
+    if args.window < 0:
+        raise DitgateError("--window must be >= 0")
+    out = args.out or Path(f"{default_out(args.model)}-diff-{row.name}")
+    device, dtype = device_and_dtype(args)
+    cfg = DiffConfig(model_path=resolve(args.model), row=row, baseline=chosen[row.baseline],
+                     request=build_request(args), out=out, dtype=dtype, device=device,
+                     integration=args.integration, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
+                     timeout=args.timeout, window=args.window)
+    report = diff(cfg)
+    if args.json:
+        print(json.dumps(json.loads((out / "diff.json").read_text()), indent=1))
+    else:
+        print(markdown(report), end="")
+        print(f"\nreport: {out / 'diff.md'}  plot: {out / 'diff.png'}")
+    return 1 if report["named"] else 0

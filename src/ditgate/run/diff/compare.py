@@ -1,0 +1,350 @@
+"""`ditgate diff`: run a row and its baseline on the same inputs up to the end of the first transformer call, and
+name the first module whose output leaves the tolerance of the run's dtype.
+
+Two passes. The summary pass records a summary of every module's output (ditgate.run.diff.divergence) on the baseline,
+in this process, and on the candidate row, on its ranks (a torchrun group of `python -m ditgate.run.diff.compare`), and
+compares them in the baseline's execution order. When a module diverges, the second pass runs both again and keeps
+the whole tensors of the modules around it, and the whole input of the first one: exact max-abs and PSNR for the
+table, and whether the module's input already differed (then the fault is in its parent's own code, between the
+children it calls: an attention processor, say). Writes diff.json, diff.md and diff.png (error against module
+order) in the output folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ditgate.core.errors import DitgateError
+from ditgate.core.request import Request
+from ditgate.run.diff.divergence import Recorder, capture, compare_summaries, exact_metrics
+from ditgate.run.define.rows import Row
+from ditgate.run.diff.report import BEFORE, WINDOW, write
+
+
+
+@dataclass
+class DiffConfig:
+    model_path: Path
+    row: Row
+    baseline: Row
+    request: Request
+    out: Path
+    dtype: str = "float32"
+    device: str = "cpu"
+    integration: Path | None = None
+    pipeline: str | None = None
+    trust_remote_code: bool = False
+    timeout: float = 600.0
+    window: int = WINDOW
+
+
+def tolerance(dtype: str, gates: dict | None = None) -> tuple[float, str]:
+    """The largest relative max-abs error (|candidate - baseline| over the baseline's largest magnitude) a module's
+    output may show in `dtype`, and the source of that number (gates.json rules.diff)."""
+    from ditgate.gates.verdicts import _normalize_dtype, load_gates
+
+    rule = (gates or load_gates())["rules"]["diff"]
+    key = _normalize_dtype(dtype)
+    if key not in rule["tolerance"]:
+        raise DitgateError(f"no diff tolerance for dtype {dtype!r} in gates.json rules.diff")
+    return float(rule["tolerance"][key]), rule["source"]
+
+
+@contextlib.contextmanager
+def _prepared(row: Row, cfg: dict[str, Any], local_rank: int = 0):
+    """The pipeline loaded with `row` applied; everything taken back off afterwards (as ditgate.run.exec.execute)."""
+    import torch
+
+    from ditgate.core import plugin
+    from ditgate.core.components import transformers_of
+    from ditgate.core.loader import load
+    from ditgate.run.exec.execute import _device_for_rank, apply
+    from ditgate.run.exec.isolation import ClassSnapshot
+
+    device = _device_for_rank(cfg["device"], local_rank)
+    integration = plugin.load(cfg.get("integration"))
+    pipe = load(Path(cfg["model_path"]), dtype=cfg["dtype"], device=device, pipeline=cfg.get("pipeline"),
+                trust_remote_code=cfg.get("trust_remote_code", False))
+    unregister = None
+    if integration is not None:
+        unregister = integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
+    snapshot, target = ClassSnapshot.of(pipe), None
+    try:
+        target = apply(row, pipe, integration, Request(**cfg["request"]))
+        yield pipe
+    finally:
+        if target is not None and row.cache:
+            import cache_dit
+
+            cache_dit.disable_cache(target)
+        snapshot.restore()
+        if unregister is not None:
+            unregister()
+        pipe = target = None
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+
+def _record(row: Row, cfg: dict[str, Any], recorder: Recorder, local_rank: int = 0) -> Recorder:
+    with _prepared(row, cfg, local_rank) as pipe:
+        return capture(pipe, Request(**cfg["request"]), recorder)
+
+
+def _peak(device: str) -> dict[str, Any]:
+    import torch
+
+    if device.startswith("cuda"):
+        return {"kind": "cuda-max-allocated", "bytes": int(torch.cuda.max_memory_allocated())}
+    return {"kind": "cpu-process-peak-rss", "bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+def _dump(path: Path, recorder: Recorder, device: str) -> None:
+    import torch
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "summaries.json").write_text(json.dumps({
+        "summaries": recorder.summaries, "notes": recorder.notes, "segments": recorder.segments,
+        "crash": recorder.crash,
+        "peak_memory": _peak(device),
+        "full_bytes": sum(_nbytes(s) for s in recorder.summaries.values()),
+        "summary_bytes": len(json.dumps(recorder.summaries))}))
+    if recorder.tensors:
+        torch.save(recorder.tensors, path / "tensors.pt")
+
+
+def _nbytes(summary: dict[str, Any]) -> int:
+    import math
+
+    sizes = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "bool": 1}
+    return math.prod(summary.get("shape") or [0]) * sizes.get(summary.get("dtype", ""), 4)
+
+
+def _load(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    import torch
+
+    data = json.loads((path / "summaries.json").read_text())
+    tensors = torch.load(path / "tensors.pt") if (path / "tensors.pt").is_file() else {}
+    return data, tensors
+
+
+def _job_config(cfg: DiffConfig) -> dict[str, Any]:
+    return {"model_path": str(cfg.model_path), "request": cfg.request.to_dict(), "dtype": cfg.dtype,
+            "device": cfg.device, "integration": str(cfg.integration) if cfg.integration else None,
+            "pipeline": cfg.pipeline, "trust_remote_code": cfg.trust_remote_code}
+
+
+def _pass(cfg: DiffConfig, name: str, full: set[str], inputs: set[str]) -> tuple[dict, dict, dict, dict]:
+    """One pass: the baseline here, the candidate on its ranks; returns (baseline, candidate) data and tensors."""
+    from ditgate.run.exec.launch import run_group
+
+    job = _job_config(cfg)
+    where = cfg.out / name
+    base = _record(cfg.baseline, job, Recorder(full=set(full), inputs=set(inputs)))
+    _dump(where / "baseline", base, cfg.device)
+    job.update(row=cfg.row.to_dict(), reference=str(where / "baseline" / "summaries.json"),
+               full=sorted(full), inputs=sorted(inputs), result=str(where / "candidate"),
+               group_dir=str(where / "group"))
+    if cfg.row.world_size == 1:
+        _candidate(job, 0)
+    else:
+        outcome = run_group(job, cfg.row.world_size, timeout=cfg.timeout, module="ditgate.run.diff.compare")
+        if not outcome.ok:
+            raise DiffRunError(f"row {cfg.row.name!r} could not run for the diff: {outcome.describe()}")
+    b, bt = _load(where / "baseline")
+    c, ct = _load(where / "candidate")
+    return b, c, bt, ct
+
+
+class DiffRunError(DitgateError):
+    """The candidate row crashed or hung before its first transformer call ended."""
+
+
+def _candidate(job: dict[str, Any], rank: int, local_rank: int = 0) -> None:
+    from ditgate.run.define import rows
+
+    reference = json.loads(Path(job["reference"]).read_text())
+    row = rows.from_mapping({k: v for k, v in job["row"].items() if k != "world_size"})
+    from ditgate.core import plugin
+
+    integration = plugin.load(job.get("integration"))
+    recorder = Recorder(reference=reference["summaries"], segments=reference["segments"],
+                        full=set(job["full"]), inputs=set(job["inputs"]),
+                        split_dims=integration.cp_split_dims if integration is not None else None)
+    _record(row, job, recorder, local_rank)
+    if rank == 0:
+        _dump(Path(job["result"]), recorder, job["device"])
+
+
+def _module_of(key: str) -> str:
+    return key.split(":")[0].split("[")[0].split("#")[0]
+
+
+def diff(cfg: DiffConfig) -> dict[str, Any]:
+    """Both passes and the report files; returns the report (diff.json)."""
+    start = time.perf_counter()
+    tol, source = tolerance(cfg.dtype)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    b, c, _, _ = _pass(cfg, "summary", set(), set())
+    lines = compare_summaries(b["summaries"], c["summaries"], tol)
+    for line in lines:
+        line["gathered"] = c["notes"].get(line["module"], "")
+    first = next((i for i, line in enumerate(lines) if line["diverged"]), None)
+    report: dict[str, Any] = {
+        "row": cfg.row.name, "baseline": cfg.baseline.name, "dtype": cfg.dtype, "device": cfg.device,
+        "tolerance": {"rel_max_abs": tol, "source": source}, "modules": len(lines),
+        "memory": {"baseline": b["peak_memory"], "candidate_rank0": c["peak_memory"],
+                   "summaries_bytes": b["summary_bytes"], "full_outputs_bytes": b["full_bytes"]},
+        "first": None, "named": None, "reason": "no module left the tolerance", "lines": lines}
+    report["crash"] = c.get("crash")
+    if first is not None and c.get("crash") and lines[first]["status"] == "not reached":
+        crash = c["crash"]
+        report.update(first=lines[first]["module"], named=crash["module"], reason=(
+            f"the row raises inside {crash['module']} ({crash['error']}); every module before matches the baseline"))
+    elif first is not None:
+        rerun = lambda full, inputs: _pass(cfg, "full", full, inputs)[2:]  # noqa: E731
+        report.update(locate(lines, first, tol, cfg.window, rerun))
+    report["wall_s"] = round(time.perf_counter() - start, 2)
+    write(cfg.out, report)
+    return report
+
+
+def locate(lines: list[dict], first: int, tol: float, window: int, rerun) -> dict[str, Any]:
+    """The module to name, from the summary pass's `lines` and their `first` divergence. `rerun(full, inputs)` runs
+    the second pass and returns the whole tensors it kept, (baseline, candidate): those of the keys in `full`, and
+    the first input of the modules in `inputs`."""
+    line = lines[first]
+    if line["module"].split("[")[0] in _roots(lines) and line["status"].startswith("shape"):
+        split = [x for x in lines[:first] if x.get("gathered", "").startswith(("concatenated", "gathered"))]
+        named = _module_of(split[-1]["module"]) if split else line["module"]
+        return {"first": line["module"], "named": named, "reason": (
+            f"the transformer's output is still split across the ranks ({line['status']}): {named} is the last "
+            f"module whose output is split; gather it there (a _ContextParallelOutput in the CP plan)")}
+    keys = [x["module"] for x in lines[max(0, first - BEFORE): first + window + 1]]
+    module = _module_of(line["module"])
+    bt, ct = rerun(set(keys), {module})
+    for x in lines:
+        if x["module"] in keys and x["module"] in bt and x["module"] in ct and bt[x["module"]].shape == ct[
+                x["module"]].shape:
+            x.update(exact_metrics(bt[x["module"]], ct[x["module"]]), exact=True)
+            x["diverged"] = x["rel"] > tol
+    now = next((i for i, x in enumerate(lines) if x["diverged"]), first)
+    line, module = lines[now], _module_of(lines[now]["module"])
+    key_in = f"{module}:input"
+    named, reason = module, f"{line['module']} is the first output outside the tolerance"
+    if key_in in bt and key_in in ct and bt[key_in].shape == ct[key_in].shape:
+        err = exact_metrics(bt[key_in], ct[key_in])
+        if err["rel"] > tol and "." in module:
+            named = module.rsplit(".", 1)[0]
+            reason = (f"{line['module']} is the first output outside the tolerance, but its input already differs "
+                      f"(rel {err['rel']:.3g}): the fault is in {named}'s own forward, before it calls "
+                      f"{module.rsplit('.', 1)[1]} (its attention processor or functional code)")
+        else:
+            reason += f"; its input matches the baseline (rel {err['rel']:.3g}): the fault is inside {module}"
+    return {"first": line["module"], "named": named, "reason": reason}
+
+
+def _roots(lines: list[dict]) -> set[str]:
+    return {x["module"] for x in lines if "." not in x["module"] and ":" not in x["module"]
+            and x["module"].startswith("transformer")}
+
+
+def diagnose(runner) -> None:
+    """The diff section of every failed exact row (`RunConfig.diff`): a row whose output failed its gate, or that
+    raised (a missing gather often crashes the scheduler after the transformer call the diff needs). The row's
+    `diff` record and one line among its reasons; a diff that cannot run says why; the row stays failed."""
+    from ditgate.gates.verdicts import load_gates
+
+    gates = runner.gate_table() or load_gates()
+    for state in runner.states.values():
+        row, base = state.row, runner.states.get(state.row.baseline or "")
+        error = (state.result or {}).get("error") or {}
+        failed = state.ran and state.verdict is not None and not state.verdict.get("passed")
+        crashed = bool(error) and not error.get("preflight") and not error.get("timed_out")
+        if (row.phase is None or not (failed or crashed) or not gates["phases"].get(row.phase, {}).get("exact")
+                or base is None or not base.ran):
+            continue
+        out = runner.run_dir / "diff" / row.name
+        runner.progress(f"diff {row.name}: recording every module of the first transformer call")
+        cfg = DiffConfig(model_path=runner.model_path, row=row, baseline=base.row, request=runner.cfg.request,
+                         out=out, dtype=runner.cfg.dtype, device=runner.cfg.device,
+                         integration=runner.cfg.integration, pipeline=runner.cfg.pipeline,
+                         trust_remote_code=runner.cfg.trust_remote_code, timeout=runner.cfg.timeout)
+        try:
+            report = diff(cfg)
+        except Exception as exc:  # noqa: BLE001 - a diagnosis that fails must not hide the verdict
+            state.diff = {"error": f"{type(exc).__name__}: {exc}"}
+            state.reasons.append(f"diff could not run: {type(exc).__name__}: {exc}")
+            continue
+        state.diff = {k: report[k] for k in ("named", "first", "reason", "wall_s")} | {"folder": str(out)}
+        state.reasons.append(f"diff: first divergence at {report['named']}: {report['reason']} ({out / 'diff.md'})"
+                             if report["named"] else
+                             "diff: every module of the first transformer call is within the tolerance: the "
+                             "divergence starts later (a later step, the scheduler or the VAE)")
+
+
+
+
+
+
+
+
+
+
+
+
+# -- candidate ranks -----------------------------------------------------------------------------------------------
+def main(job_file: str) -> int:
+    from ditgate.run.exec.files import write_json
+    from ditgate.run.exec.worker import error_path, status_path
+
+    job = json.loads(Path(job_file).read_text())
+    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    group_dir = Path(job["group_dir"])
+    current = {"stage": "start"}
+
+    def stage(name: str) -> None:
+        current["stage"] = name
+        write_json(status_path(group_dir, rank), {"rank": rank, "row": job["row"]["name"], "stage": name,
+                                                  "time": time.time(), "pid": os.getpid()})
+
+    try:
+        stage("import")
+        import torch
+        import torch.distributed as dist
+
+        from ditgate.run.exec import compat
+
+        on_cuda = job["device"].startswith("cuda")
+        if on_cuda:
+            torch.cuda.set_device(local_rank)
+        stage("init-process-group")
+        dist.init_process_group("cpu:gloo,cuda:nccl" if on_cuda else "gloo")
+        if not on_cuda:
+            compat.apply_cpu_patches()
+        stage("record")
+        _candidate(job, rank, local_rank)
+        stage("barrier")
+        dist.barrier()
+        dist.destroy_process_group()
+        stage("done")
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - the launcher reports it
+        write_json(error_path(group_dir, rank), {
+            "rank": rank, "row": job["row"]["name"], "stage": current["stage"], "type": type(exc).__name__,
+            "message": str(exc), "traceback": traceback.format_exc()})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

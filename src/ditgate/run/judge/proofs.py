@@ -1,0 +1,186 @@
+"""Checks that a row's feature really acted, from the facts its probes recorded.
+
+A parallel output equal to the baseline proves nothing if nothing was split; a cached output proves nothing if no
+step was cached. Each check compares the row's facts with those of the row it is compared with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ditgate.run.define.rows import Row
+
+
+@dataclass(frozen=True)
+class Proof:
+    feature: str
+    passed: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _owner(key: str) -> str:
+    return key.split(".", 1)[0]
+
+
+def _cache(facts: dict[str, Any]) -> Proof:
+    stats = facts.get("cache") or []
+    cached = sorted({s for entry in stats for s in entry.get("cached_steps", [])})
+    calls, transformer_calls = facts.get("last_block_calls", {}), facts.get("transformer_calls", 0)
+    by_transformer = facts.get("calls_by_transformer") or {}
+    own = lambda key: by_transformer.get(_owner(key), transformer_calls)  # noqa: E731 - calls of the list's transformer
+    skipped = {k: own(k) - v for k, v in calls.items() if 0 < v < own(k)}
+    if not cached:
+        diffs = [round(v, 4) for entry in stats for v in entry.get("residual_diffs", {}).values()]
+        return Proof("cache", False, "cache-dit cached no step (summary: cached_steps empty); residual diffs "
+                     f"{diffs[:8]} never fell under the threshold, or the warm-up covered every step")
+    if not skipped:
+        return Proof("cache", False, f"summary reports cached steps {cached}, but the last block of every block list"
+                     f" ran on all {transformer_calls} transformer calls: no block was skipped")
+    uncached = [t for t, n in by_transformer.items() if n and not any(_owner(k) == t for k in skipped)]
+    if uncached:
+        return Proof("cache", False, f"{', '.join(uncached)}: the last block of every block list ran on all of its "
+                     f"{', '.join(str(by_transformer[t]) for t in uncached)} calls: that transformer is not cached")
+    return Proof("cache", True, f"cached steps {cached}; last-block calls skipped: "
+                 + ", ".join(f"{k.split('.', 1)[-1]} {n} of {own(k)}" for k, n in skipped.items()))
+
+
+def split_dim(key: str, declared: dict[str, Any] | None) -> tuple[int | None, bool]:
+    """The dimension CP divides in what block list `key` ("transformer.blocks") returns, and whether it was declared
+    (an integration's CP_SPLIT_DIMS, by full key or by attribute); undeclared lists split dimension 1."""
+    for name in (key, key.split(".", 1)[-1]):
+        if declared and name in declared:
+            return declared[name], True
+    return 1, False
+
+
+def _cache_cfg(facts: dict[str, Any]) -> Proof | None:
+    """A modular pipeline's guider decides the transformer calls per step; cache-dit must count steps the same way."""
+    separate = (facts.get("modular") or {}).get("separate_cfg")
+    calls = facts.get("calls_per_step")
+    if facts.get("scheduler_steps") and facts.get("transformer_calls"):  # the steps the call made (img2img: fewer)
+        calls = facts["transformer_calls"] / facts["scheduler_steps"]
+    if separate is None or calls is None:
+        return None
+    expected = 2 if separate else 1
+    text = (f"cache-dit counted steps with has_separate_cfg={separate} ({expected} transformer call(s) per step); "
+            f"the pipeline made {calls:g} per step")
+    if calls != expected:
+        return Proof("cache-cfg", False, text + ": set has_separate_cfg on the BlockAdapter to "
+                     f"{calls > 1} (the guider decides; references/modular_pipeline.md)")
+    return Proof("cache-cfg", True, text)
+
+
+def _cp(row: Row, facts: dict[str, Any], base: dict[str, Any], base_row: Row) -> Proof:
+    got, ref = facts.get("block_shapes"), base.get("block_shapes")
+    if not got or not ref:  # a result stored before block shapes were recorded
+        return _cp_tokens(row, facts, base, base_row)
+    keys = [k for k in ref if k in got and ref[k]]
+    if not keys:
+        return Proof("cp", False, "no block output was observed, so the sequence split cannot be checked")
+    bad, good = [], []
+    for key in keys:
+        name = key.split(".", 1)[-1] if _owner(key) == "transformer" else key
+        dim, declared = split_dim(key, facts.get("cp_split_dims"))
+        said = " (CP_SPLIT_DIMS)" if declared else ""
+        mine, theirs = [s for s in got[key] if len(s) >= 3], [s for s in ref[key] if len(s) >= 3]
+        if dim is None:
+            if mine == theirs:
+                good.append(f"{name}: whole on every rank, as declared")
+            else:
+                bad.append(f"{name}: declared whole (None), but it returned {mine} per rank, {theirs} on one device")
+            continue
+        if not theirs or any(len(s) <= dim for s in theirs) or len(mine) != len(theirs):
+            bad.append(f"{name}: returned {theirs} on one device and {mine} per rank, which has no dimension "
+                       f"{dim}{said} to compare")
+            continue
+        full, local = sum(s[dim] for s in theirs), sum(s[dim] for s in mine)
+        expected = full * base_row.cp_size / row.cp_size
+        unit = "tokens" if dim == 1 else f"on dimension {dim}"
+        if local != expected:
+            bad.append(f"{name}: {local} {unit} per rank{said}, expected {expected:g} ({full} / {row.cp_size})")
+        else:
+            good.append(f"{name}: {full} {unit} split into {local} per rank{said}")
+    if bad:
+        return Proof("cp", False, "a block list was not divided by the CP size: " + "; ".join(bad))
+    return Proof("cp", True, "; ".join(good) + f" ({row.cp_size} ranks)")
+
+
+def _cp_tokens(row: Row, facts: dict[str, Any], base: dict[str, Any], base_row: Row) -> Proof:
+    """The CP proof on the token counts alone (dimension 1 of every list), for results without block shapes."""
+    got, ref = facts.get("block_seq_len", {}), base.get("block_seq_len", {})
+    keys = [k for k in ref if k in got]
+    if not keys:
+        return Proof("cp", False, "no block input was observed, so the sequence split cannot be checked")
+    bad = [f"{k.split('.', 1)[-1]}: {got[k]} tokens per rank, expected {ref[k] * base_row.cp_size / row.cp_size:g}"
+           for k in keys if got[k] != ref[k] * base_row.cp_size / row.cp_size]
+    if bad:
+        return Proof("cp", False, "the sequence entering the blocks was not divided: " + "; ".join(bad))
+    return Proof("cp", True, f"{ref[keys[0]]} tokens split into {got[keys[0]]} per rank ({row.cp_size} ranks)")
+
+
+def _sharded(feature: str, facts: dict[str, Any], components: list[str], every: bool = False) -> Proof:
+    """Weights of `components` are sharded DTensors (of each of them when `every`: every transformer)."""
+    sharded = facts.get("sharded") or {}
+    found = {name: sharded[name] for name in components if name in sharded}
+    total = sum(v["sharded"] for v in found.values())
+    wrong = [w for v in found.values() for w in v["wrong_size"]]
+    if total == 0:
+        return Proof(feature, False, f"no weight of {', '.join(components) or 'the component'} is a sharded DTensor")
+    unsharded = [name for name, v in found.items() if not v["sharded"]]
+    if every and unsharded:
+        return Proof(feature, False, f"{', '.join(unsharded)}: no weight is a sharded DTensor, while "
+                     + ", ".join(f"{n} has {v['sharded']}" for n, v in found.items() if v["sharded"]))
+    if wrong:
+        return Proof(feature, False, f"shards of the wrong size: {', '.join(wrong[:5])}")
+    return Proof(feature, True, ", ".join(f"{name}: {v['sharded']} weights sharded" for name, v in found.items()
+                                          if v["sharded"]))
+
+
+def _vae(facts: dict[str, Any], base: dict[str, Any]) -> Proof:
+    got, ref = facts.get("decoder_calls", 0), base.get("decoder_calls", 0)
+    if ref <= 1:
+        return Proof("vaep", False, f"the reference decoded in {ref} call(s): the image is too small to tile, so "
+                     "VAE parallelism has nothing to split (use a larger size)")
+    if got >= ref:
+        return Proof("vaep", False, f"rank 0 ran the decoder {got} times, as many as the tiled reference ({ref})")
+    return Proof("vaep", True, f"rank 0 decoded {got} of {ref} tiles")
+
+
+def check(row: Row, facts: dict[str, Any], base_row: Row, base_facts: dict[str, Any]) -> list[Proof]:
+    proofs = []
+    parallel = row.parallel or {}
+    if row.cache is not None:
+        proofs.append(_cache(facts))
+        cfg = _cache_cfg(facts)
+        if cfg is not None:
+            proofs.append(cfg)
+    if row.cp_size > 1:
+        proofs.append(_cp(row, facts, base_facts, base_row))
+    if row.tp_size > 1:
+        proofs.append(_sharded("tp", facts, [k for k in (facts.get("sharded") or {}) if k.startswith("transformer")],
+                               every=True))
+    if parallel.get("text_encoder"):
+        proofs.append(_sharded("tep", facts, [k for k in (facts.get("sharded") or {}) if k.startswith("text_encoder")]))
+    if parallel.get("vae"):
+        proofs.append(_vae(facts, base_facts))
+    if row.quantize:
+        proofs.append(_counted("quantization", facts.get("quantized"), "weight(s) held quantized",
+                               "no transformer weight is a quantized tensor: the quantization did not act"))
+    if row.compile:
+        proofs.append(_counted("compile", facts.get("compiled"), "module(s) compiled",
+                               "no transformer module was wrapped by torch.compile"))
+    return proofs
+
+
+def _counted(feature: str, counts: dict[str, int] | None, what: str, none: str) -> Proof:
+    """A feature proved by a count per transformer (quantized weights, compiled modules): some count above 0."""
+    if counts is None:
+        return Proof(feature, False, f"the row recorded no {feature} facts, so it cannot show the feature acted")
+    found = {name: n for name, n in counts.items() if n}
+    if not found:
+        return Proof(feature, False, none)
+    return Proof(feature, True, ", ".join(f"{name}: {n} {what}" for name, n in found.items()))

@@ -1,0 +1,386 @@
+"""The report of a run: report.json (schema-checked), report.md (the results table) and grid.png.
+
+The grid shows the baseline and every row side by side (a video: several frames of it, see
+ditgate.run.report.floor_report.grid_frames), and under each row the difference from the row it is compared with,
+amplified so that an error of 1/AMPLIFY of the range is full white. A video run adds frames.png, per-frame PSNR and
+SSIM; a reduced-precision run the floor table (ditgate.run.report.floor_report).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ditgate import __version__
+from ditgate.run.report import floor_report
+from ditgate.run.exec import files as store
+from ditgate.gates.verdicts import format_value, json_ready
+from ditgate.core.paths import checklists_dir
+
+AMPLIFY = 10.0
+SCHEMA = "report.schema.json"
+
+
+def _status(state) -> str:
+    if not state.result or state.result.get("status") != "ok":
+        return "error"
+    if state.row.phase is None:
+        return "reference"
+    return "passed" if state.passed else "failed"
+
+
+def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
+    from ditgate.run.define import predict
+
+    result = state.result or {}
+    baseline_latency = (base.result or {}).get("latency_s") if base else None
+    latency = result.get("latency_s")
+    metrics = (state.verdict or {}).get("metrics") or json_ready(state.measured or {})
+    return {
+        "name": state.row.name,
+        "phase": state.row.phase,
+        "baseline": state.row.baseline,
+        "description": state.row.description,
+        "world_size": state.row.world_size,
+        "config": {"cache": state.row.cache, "parallel": state.row.parallel, "vae_tiling": state.row.vae_tiling,
+                   "compile": state.row.compile, "quantize": state.row.quantize},
+        "status": _status(state),
+        "modality": result.get("modality"),
+        "sample_rate": result.get("sample_rate"),
+        "latency_s": latency,
+        "times": result.get("times"),
+        "speedup": (baseline_latency / latency) if latency and baseline_latency else None,
+        "speedup_caveats": predict.caveats(state.row, result, (baseline_latency / latency) if latency and
+                                           baseline_latency else None, cfg),
+        "prediction": predict.predict(state.row, result, base.result if base else None, profile),
+        "peak_memory_bytes": (result.get("peak_memory") or {}).get("bytes"),
+        "peak_memory_kind": (result.get("peak_memory") or {}).get("kind"),
+        "metrics": metrics,
+        "verdict": state.verdict,
+        "proofs": state.proofs,
+        "reasons": state.reasons,
+        "facts": result.get("facts"),
+        "error": result.get("error"),
+        "resumed": bool(result.get("resumed")),
+        "diff": state.diff,
+        "generate_s": result.get("generate_s"),  # every pipeline call of the row, warm-up included
+        "overhead": result.get("overhead"),  # launch_s, load_s, restore_s, setup_s (ditgate.run.exec.execute.run_row)
+    }
+
+
+OVERHEAD_PARTS = ("launch_s", "load_s", "restore_s", "setup_s")
+
+
+def time_summary(rows: list[dict[str, Any]], wall_s: float | None, launch: str | None,
+                 checks: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Where the run's wall time went: the rows' generations, and the overhead by kind (rows resumed from an
+    earlier run count neither); `checks`: the results of the rows the verdicts use but the table does not show
+    (sensitivity, cache-off twins), whose generations count as generations (`checks_s` of them); `other_s`: judging,
+    the report, waiting for groups, the command's own start."""
+    def timed(results):
+        return [r for r in results if r.get("generate_s") is not None and not r.get("resumed")]
+
+    ran, checks_ran = timed(rows), timed(checks)
+    ran += checks_ran
+    generate = sum(r["generate_s"] for r in ran)
+    parts = {k: sum((r.get("overhead") or {}).get(k, 0.0) for r in ran) for k in OVERHEAD_PARTS}
+    overhead = None if wall_s is None else wall_s - generate
+    return {"launch": launch, "generate_s": round(generate, 3),
+            "checks_s": round(sum(r["generate_s"] for r in checks_ran), 3),
+            "overhead_s": None if overhead is None else round(overhead, 3), **{k: round(v, 3) for k, v in parts.items()},
+            "other_s": None if overhead is None else round(overhead - sum(parts.values()), 3),
+            "overhead_per_row_s": None if overhead is None or not ran else round(overhead / len(ran), 3)}
+
+
+def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
+          profile_note: str | None = None, checks: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The report of `states`; `profile` (ditgate.inspect.flops.profile.Profile) adds speedup predictions."""
+    from ditgate.run.define import predict
+
+    base = next((s for s in states if s.row.name == "baseline"), None)
+    rows = [_row_record(s, base, profile, cfg) for s in states]
+    run_info = json.loads((run_dir / "run.json").read_text())
+    return {
+        "ditgate": __version__,
+        "run_dir": str(run_dir),
+        "model": run_info["model"],
+        "request": run_info["request"],
+        "dtype": run_info["dtype"],
+        "device": run_info["device"],
+        "integration": run_info.get("integration"),
+        "versions": run_info["versions"],
+        "passed": all(r["status"] in ("passed", "reference") for r in rows),
+        "wall_s": wall_s,
+        "flops": predict.flops_summary(profile),
+        "prediction_note": profile_note,
+        "time": time_summary(rows, wall_s, getattr(cfg, "launch", None), checks),
+        "rows": rows,
+        "produced_size": produced_size(run_dir, rows),
+    }
+
+
+def produced_size(run_dir: Path, rows: list[dict[str, Any]]) -> str | None:
+    """The size the first finished row's output really has (the pipeline may round a requested size): frames x
+    height x width, or the audio's length; None when no row produced an output."""
+    for r in rows:
+        path = store.row_dir(run_dir, r["name"]) / "output.npy"
+        if r["status"] == "error" or not path.is_file():
+            continue
+        try:
+            shape = np.load(path, mmap_mode="r").shape
+        except (OSError, ValueError):
+            continue
+        if r.get("modality") == "audio" and r.get("sample_rate") and len(shape) == 2:
+            return f"{shape[1] / r['sample_rate']:.2f} s of audio"
+        if r.get("modality") in ("image", "video") and len(shape) in (3, 4):
+            return "x".join(str(n) for n in shape[:-1])
+    return None
+
+
+def validate(report: dict[str, Any]) -> None:
+    import jsonschema
+
+    schema = json.loads((checklists_dir() / SCHEMA).read_text())
+    jsonschema.validate(json.loads(json.dumps(report, default=str)), schema)
+
+
+def fmt(value: Any, spec: str) -> str:
+    """A table cell: `value` in `spec`, "–" for None, "inf" for an infinity, strings as they are."""
+    if value is None:
+        return "–"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and np.isinf(value):
+        return "inf"
+    return format(value, spec)
+
+
+def _size_line(requested: str, produced: str | None) -> str:
+    if not produced or produced == requested:
+        return requested or "the pipeline's default size"
+    return f"{produced} produced ({'requested ' + requested if requested else 'the pipeline default'})"
+
+
+DURATION_KEYS = ("audio_end_in_s", "audio_length_in_s", "audio_duration_s", "duration", "duration_s", "seconds")
+
+
+def size_text(call: dict[str, Any]) -> str:
+    """The output size a pipeline call asks for, in the words of its modality: frames x height x width, or the span
+    of audio ("" when unset)."""
+    from ditgate.core.request import FRAME_NAMES
+
+    frames = next((call[k] for k in FRAME_NAMES if k in call), None)
+    size = "x".join(str(call[k]) for k in ("height", "width") if k in call)
+    if frames is not None:
+        size = f"{frames} frames" + (f" of {size}" if size else "")
+    if not size:
+        key = next((k for k in DURATION_KEYS if k in call), None)
+        if key == "audio_end_in_s":
+            size = f"{call.get('audio_start_in_s', 0)}-{call[key]} s of audio"
+        elif key is not None:
+            size = f"{call[key]} s of audio"
+    return size
+
+
+def steps_text(request: dict[str, Any]) -> str:
+    """"8 steps", with where the count came from when the user did not give it."""
+    steps = request["call"].get("num_inference_steps")
+    if steps is None:
+        return "the pipeline's own step count (its __call__ names no default)"
+    return f"{steps} steps" + (" (the pipeline's default)" if request.get("steps_from") == "signature" else "")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    call = report["request"]["call"]
+    size = size_text(call)
+    lines = [
+        f"# ditgate run: {report['model']}",
+        "",
+        f"- verdict: **{'PASS' if report['passed'] else 'FAIL'}**",
+        f"- size {_size_line(size, report.get('produced_size'))}, {steps_text(report['request'])}, seed "
+        f"{report['request']['seed']}, {report['dtype']} on {report['device']}"
+        + (f", input image {report['request']['image']}" if report["request"].get("image") else ""),
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+        f"- wall time {fmt(report.get('wall_s'), '.1f')} s",
+        "",
+        "| row | phase | ranks | latency (s) | speedup | predicted | PSNR (dB) | SSIM | worst tile SSIM | "
+        "max-abs (latents) | peak memory (MiB) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        m = r["metrics"] or {}
+        psnr = m.get("psnr", m.get("psnr_frame_min"))
+        ssim = m.get("ssim", m.get("ssim_frame_min"))
+        mem = r["peak_memory_bytes"] / 2**20 if r["peak_memory_bytes"] else None
+        prediction = r.get("prediction") or {}
+        far = " (far below)" if prediction.get("far_below") else ""
+        far += " (not meaningful)" if any(c.startswith("not meaningful") for c in r.get("speedup_caveats") or []) \
+            else ""
+        lines.append(
+            f"| {r['name']} | {r['phase'] or 'reference'} | {r['world_size']} | {fmt(r['latency_s'], '.3f')} | "
+            f"{fmt(r['speedup'], '.2f')}{far} | {fmt(prediction.get('predicted'), '.2f')} | {fmt(psnr, '.2f')} | "
+            f"{fmt(ssim, '.4f')} | "
+            f"{fmt(m.get('worst_tile_ssim'), '.4f')} | {fmt(m.get('max_abs'), '.2e')} | {fmt(mem, '.0f')} | "
+            f"{r['status'].upper()} |")
+    lines += _audio_lines(report)
+    lines += floor_report.floor_lines(report)
+    if report.get("frames_plot"):
+        lines += ["", "## Video frames (per-frame PSNR and SSIM; the calibration row, when it ran, is the floor)", "",
+                  f"![per-frame PSNR and SSIM]({report['frames_plot']})"]
+    lines += _time_lines(report)
+    failures = [r for r in report["rows"] if r["reasons"]]
+    if failures:
+        lines += ["", "## Why rows failed", ""]
+        for r in failures:
+            lines += [f"- **{r['name']}**: " + "; ".join(r["reasons"])]
+    proofs = [(r["name"], p) for r in report["rows"] for p in r["proofs"]]
+    if proofs:
+        lines += ["", "## What each feature did", ""]
+        lines += [f"- {name} / {p['feature']}: {'ok' if p['passed'] else 'FAILED'} — {p['detail']}" for name, p in proofs]
+    careful = [r for r in report["rows"] if r.get("speedup_caveats")]
+    if careful:
+        lines += ["", "## Speedups to read with care", ""]
+        lines += [f"- {r['name']}: " + "; ".join(r["speedup_caveats"]) for r in careful]
+    slow = [r for r in report["rows"] if (r.get("prediction") or {}).get("far_below")]
+    if slow:
+        from ditgate.run.define.predict import FAR_BELOW
+
+        lines += ["", f"## Speedups far below the prediction (under {FAR_BELOW:g} of it)", ""]
+        lines += [f"- {r['name']}: {r['speedup']:.2f}x measured, {r['prediction']['predicted']:.2f}x predicted"
+                  for r in slow]
+    if any(r.get("prediction") for r in report["rows"]):
+        lines += ["", "Predicted: the best speedup the FLOPs allow, given the transformer's share of the baseline's "
+                      "time (`ditgate flops` explains the count); communication is free in it."]
+    elif report.get("prediction_note"):
+        lines += ["", f"No speedup predictions: {report['prediction_note']}."]
+    mem_kinds = {r["peak_memory_kind"] for r in report["rows"] if r["peak_memory_kind"]}
+    if "cpu-process-peak-rss" in mem_kinds:
+        lines += ["", "Peak memory on CPU is the peak resident set of the process that ran the row."]
+    if report.get("grid") and report.get("grid_frames"):
+        lines += ["", f"The grid shows frames {', '.join(map(str, report['grid_frames']))} of each video (the first, "
+                      "where two ranks' chunks meet, the worst of any row, the last)."]
+    lines += ["", "![baseline, rows and amplified differences](grid.png)" if report.get("grid") else ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _time_lines(report: dict[str, Any]) -> list[str]:
+    """Per row: its generations and its overhead (launch, load, restore, setup); then the run's total."""
+    rows = [r for r in report["rows"] if r.get("generate_s") is not None and not r["resumed"]]
+    t = report.get("time")
+    if not rows or not t:
+        return []
+    lines = ["", f"## Where the time went (launch {t['launch']}; a multi-rank row: its rank 0)", "",
+             "| row | generation (s) | launch | load | restore | setup | overhead (s) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        o = r.get("overhead") or {}
+        lines.append(f"| {r['name']} | {r['generate_s']:.2f} | " + " | ".join(fmt(o.get(k), ".2f") for k in OVERHEAD_PARTS)
+                     + f" | {sum(o.get(k, 0.0) for k in OVERHEAD_PARTS):.2f} |")
+    if t["overhead_s"] is not None:
+        checks = (f" (the check rows not in this table, sensitivity and cache-off twins: {t['checks_s']:.1f} s)"
+                  if t.get("checks_s") else "")
+        lines += ["", f"Run: wall {report['wall_s']:.1f} s = generations {t['generate_s']:.1f} s{checks} + overhead "
+                      f"{t['overhead_s']:.1f} s (launch {t['launch_s']:.1f}, load {t['load_s']:.1f}, restore "
+                      f"{t['restore_s']:.1f}, setup {t['setup_s']:.1f}, judging and the rest {t['other_s']:.1f})."]
+    return lines
+
+
+AUDIO_METRICS = ("cosine", "si_sdr", "mel_psnr", "mel_ssim")  # latents first, then the waveform
+
+
+def _audio_lines(report: dict[str, Any]) -> list[str]:
+    """The audio table: latent cosine, SI-SDR, mel PSNR and SSIM per row, the calibration row's being the floor."""
+    rows = [r for r in report["rows"] if r["modality"] == "audio" and r["metrics"]]
+    if not rows:
+        return []
+    lines = ["", "## Audio (latents, then waveform; the calibration row is the measured noise floor)", "",
+             "| row | latent cosine | SI-SDR | mel PSNR | mel SSIM | thresholds |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        values = [_metric_text(m, r["metrics"].get(m)) for m in AUDIO_METRICS]
+        checks = (r["verdict"] or {}).get("checks", [])
+        limits = ", ".join(f"{c['metric']} {c['op']} {format_value(c['metric'], c['threshold'], threshold=True)}"
+                           for c in checks if c["metric"] in AUDIO_METRICS)
+        lines.append(f"| {r['name']} | " + " | ".join(values) + f" | {limits or '–'} |")
+    return lines
+
+
+def _metric_text(metric: str, value: Any) -> str:
+    if value is None:
+        return "–"
+    return value if isinstance(value, str) else format_value(metric, value)
+
+
+def _picture(array: np.ndarray | None, modality: str, frames: list[int] | None = None) -> np.ndarray | None:
+    """An image to draw: an image as it is, a video's `frames` side by side (default: its middle frame)."""
+    if array is None or modality == "audio":
+        return None
+    if modality == "video":
+        picks = [f for f in (frames or [len(array) // 2]) if 0 <= f < len(array)] or [len(array) // 2]
+        array = np.concatenate([array[f] for f in picks], axis=1)
+    array = np.nan_to_num(np.asarray(array, dtype=np.float32))
+    if array.ndim == 2:
+        array = np.repeat(array[..., None], 3, axis=-1)
+    return np.clip(array, 0, 1)
+
+
+def grid(run_dir: Path, report: dict[str, Any], frames: list[int] | None = None) -> Path | None:
+    """grid.png: top line the outputs, bottom line |row - its baseline| x AMPLIFY; None when nothing is drawable.
+    A video shows `frames` side by side (floor_report.grid_frames: first, chunk boundary, worst, last)."""
+    from PIL import Image, ImageDraw
+
+    cells = []
+    for r in report["rows"]:
+        if r["status"] == "error":
+            continue
+        modality = r["modality"] or "image"
+        out = _picture(store.load_array(run_dir, r["name"], "output"), modality, frames)
+        if out is None:
+            continue
+        ref = _picture(store.load_array(run_dir, r["baseline"], "output"), modality, frames) if r["baseline"] \
+            else None
+        diff = np.clip(np.abs(out - ref) * AMPLIFY, 0, 1) if ref is not None and ref.shape == out.shape else None
+        cells.append((r["name"], r["status"], out, diff))
+    if not cells:
+        return None
+    h, w = cells[0][2].shape[:2]
+    scale = max(1, 160 // max(h, w))
+    ch, cw, label = h * scale, w * scale, 16
+    canvas = Image.new("RGB", (cw * len(cells), 2 * (ch + label)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for i, (name, status, out, diff) in enumerate(cells):
+        x = i * cw
+        colour = {"passed": (0, 120, 0), "failed": (200, 0, 0)}.get(status, (0, 0, 0))
+        draw.text((x + 2, 2), name[: cw // 6], fill=colour)
+        for j, image in enumerate((out, diff)):
+            if image is None or image.shape[:2] != (h, w):
+                continue
+            tile = Image.fromarray((image * 255).round().astype(np.uint8)).resize((cw, ch), Image.NEAREST)
+            canvas.paste(tile, (x, label + j * (ch + label)))
+        if diff is not None:
+            draw.text((x + 2, ch + label + 2), f"|diff| x{AMPLIFY:g}", fill=(0, 0, 0))
+    path = run_dir / "grid.png"
+    tmp = run_dir / ".grid.png.tmp"
+    canvas.save(tmp, format="PNG")
+    tmp.replace(path)
+    return path
+
+
+def write(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
+          profile_note: str | None = None, checks: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    report = build(run_dir, cfg, states, wall_s, profile, profile_note, checks)
+    series = floor_report.frame_series(run_dir, report)
+    frames = None
+    if series:
+        length = len(next(iter(series.values()))["psnr"])
+        frames = floor_report.grid_frames(series, length)
+        report["grid_frames"] = frames
+    plot = floor_report.plot_frames(series, run_dir / floor_report.FRAMES_PLOT)
+    report["frames_plot"] = plot.name if plot else None
+    picture = grid(run_dir, report, frames)
+    report["grid"] = str(picture.name) if picture else None
+    validate(report)
+    store.write_json(run_dir / "report.json", report)
+    store.write_text(run_dir / "report.md", markdown(report))
+    return report
