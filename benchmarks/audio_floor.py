@@ -17,6 +17,7 @@ import numpy as np
 
 from ditgate import zoo
 from ditgate.core import request
+from ditgate.core.model import Model
 from ditgate.run.define import rows
 from ditgate.run.exec.execute import run_row
 from ditgate.metrics import audio_metrics, tensor_metrics
@@ -44,7 +45,7 @@ def main() -> None:
     req = request.build(meta, steps=args.steps)
 
     def run(row, req=req, dtype=args.dtype):
-        return run_row(row, path, req, dtype=dtype, device=args.device)
+        return run_row(row, Model(MODEL, path, req, dtype=dtype, device=args.device))
 
     cache = rows.Row("cache", "cache", cache=rows.DEFAULT_CACHE)
     base = run(rows.BASELINE)

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ditgate import gates, zoo
 from ditgate.core import request
+from ditgate.core.model import Model
 from ditgate.gates import floor as floor_rule
 from ditgate.gates.first_step import summary
 from ditgate.metrics import score_frames, tensor_metrics
@@ -107,7 +108,7 @@ def measure(name, source, req, device: str) -> dict:
 
     def run(row):
         start = time.perf_counter()
-        outcome = run_row(row, path, req, dtype=DTYPE, device=device, pristine=pristine)
+        outcome = run_row(row, Model(name, path, req, dtype=DTYPE, device=device), pristine=pristine)
         return outcome, time.perf_counter() - start
 
     (base, base_s), (calib, calib_s), (cache, cache_s) = run(rows.BASELINE), run(rows.CALIBRATION), run(CACHE)

@@ -124,9 +124,10 @@ def run_level(pristine, level: str, config_name: str, steps_list: list[int], req
 
 def measure(model: str, steps_list: list[int]) -> dict:
     from ditgate.core import request
+    from ditgate.core.model import Model
     from ditgate.core.loader import load
 
-    req = request.for_model(model, pipeline=PIPELINE)
+    req = Model.open(model, pipeline=PIPELINE).request
     pristine = load(model, pipeline=PIPELINE)
     results = {}
     for config_name in CONFIGS:

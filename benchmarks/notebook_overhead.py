@@ -25,14 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DIRECT = """
 import sys
 from pathlib import Path
-from ditgate import zoo
 from ditgate import notebooks
-from ditgate.core.loader import resolve
-from ditgate.core.request import build
+from ditgate.core.model import Model
 from ditgate.run.runner import RunConfig, run
 phase, model, out = sys.argv[1:4]
-cfg = RunConfig(model=model, rows=notebooks.phase_rows(phase), request=build(zoo.read_meta(resolve(model))),
-                out=Path(out) / phase)
+cfg = RunConfig(model=Model.open(model), rows=notebooks.phase_rows(phase), out=Path(out) / phase)
 run(cfg, progress=lambda line: None)
 """
 

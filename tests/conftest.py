@@ -39,15 +39,12 @@ def run_cli(capsys):
 
 
 def _default_run(tmp_path_factory, model: str):
-    from ditgate import zoo
-    from ditgate.core import request
+    from ditgate.core.model import Model
     from ditgate.run.define import rows
     from ditgate.run.runner import RunConfig, run
 
     out = tmp_path_factory.mktemp(model.removeprefix("zoo:") + "-default") / "run"
-    path = zoo.materialize(model)
-    cfg = RunConfig(model=model, rows=rows.select(rows.DEFAULT_ROWS, None), out=out,
-                    request=request.build(zoo.read_meta(path)))
+    cfg = RunConfig(model=Model.open(model), rows=rows.select(rows.DEFAULT_ROWS, None), out=out)
     return run(cfg, progress=lambda line: None), out
 
 

@@ -19,6 +19,7 @@ from ditgate.core import request
 from ditgate.run.define import rows
 from ditgate.run.exec.execute import run_row
 from ditgate.run.exec.probes import Probes
+from ditgate.core.model import Model
 from ditgate.run.runner import RunConfig, run
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -30,12 +31,12 @@ def pipe():
     return ditgate.load(MODEL)
 
 
-def _request():
-    return request.build(zoo.read_meta(zoo.materialize(MODEL)))
+def _model(**options):
+    return Model.open(MODEL, **options)
 
 
-def _run(out, selected, rows_list=rows.DEFAULT_ROWS, **kwargs):
-    cfg = RunConfig(model=MODEL, rows=rows.select(rows_list, selected), out=out, request=_request(), **kwargs)
+def _run(out, selected, rows_list=rows.DEFAULT_ROWS, dtype="auto", **kwargs):
+    cfg = RunConfig(model=_model(dtype=dtype), rows=rows.select(rows_list, selected), out=out, **kwargs)
     return run(cfg, progress=lambda line: None)
 
 
@@ -170,14 +171,14 @@ def test_wrong_forward_pattern_plugin_fails(tmp_path):
 
 
 def test_calibration_is_deterministic_on_cpu():
-    path, req = zoo.materialize(MODEL), _request()
-    first = run_row(rows.CALIBRATION, path, req)
-    second = run_row(rows.CALIBRATION, path, req, warmup=1)  # the noise starts again from the seed on every call
-    base = run_row(rows.BASELINE, path, req)
+    model = _model()
+    first = run_row(rows.CALIBRATION, model)
+    second = run_row(rows.CALIBRATION, model, warmup=1)  # the noise starts again from the seed on every call
+    base = run_row(rows.BASELINE, model)
     np.testing.assert_array_equal(first.output, second.output)
     np.testing.assert_array_equal(first.latents, second.latents)
     assert not np.array_equal(first.output, base.output)  # the perturbation acted
-    assert first.facts["perturbed_calls"] == req.steps and first.sample_rate == 44100
+    assert first.facts["perturbed_calls"] == model.request.steps and first.sample_rate == 44100
 
 
 def test_calibration_row_follows_gates_json():

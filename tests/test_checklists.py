@@ -231,11 +231,10 @@ def test_gate_check_and_cli_checklists_pass_on_flux(tmp_path, run_cli):
 
 
 def _context(model_path, **kwargs):
-    from ditgate import zoo
-    from ditgate.core import request
     from ditgate.checklists.context import Context
+    from ditgate.core.model import Model
 
-    return Context(model="test", model_path=model_path, request=request.build(zoo.read_meta(model_path)), **kwargs)
+    return Context(model=Model.open(model_path), **kwargs)
 
 
 def test_model_folder_fails_without_weights(tmp_path, zoo_path):

@@ -18,6 +18,7 @@ from ditgate.core import examples
 from ditgate.core import request
 from ditgate.run.define import rows
 from ditgate.inspect.anatomy import inspect_model
+from ditgate.core.model import Model
 from ditgate.run.runner import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,9 +28,8 @@ MASK_NOT_REORDERED = EXAMPLE / "integration_mask_not_reordered.py"
 
 
 def _run(names, out, integration):
-    path = zoo.materialize("zoo:tinymm")
-    cfg = RunConfig(model="zoo:tinymm", rows=rows.select(rows.DEFAULT_ROWS, names), out=out,
-                    request=request.build(zoo.read_meta(path)), integration=integration)
+    cfg = RunConfig(model=Model.open("zoo:tinymm"), rows=rows.select(rows.DEFAULT_ROWS, names), out=out,
+                    integration=integration)
     return run(cfg, progress=lambda line: None)
 
 

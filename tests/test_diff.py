@@ -15,17 +15,15 @@ TINYMM = ROOT / "examples" / "tinymm"
 
 
 def _diff(zoo_path, tmp_path, model, row_name, integration, dtype="float32"):
-    from ditgate import zoo
-    from ditgate.core import request
+    from ditgate.core.model import Model
     from ditgate.run.define import rows
     from ditgate.run.diff.compare import DiffConfig, diff
 
     path = zoo_path(model)
     chosen = {r.name: r for r in rows.select(rows.DEFAULT_ROWS, row_name)}
     row = chosen[row_name]
-    req = request.build(zoo.read_meta(path), height=64, width=64)
-    cfg = DiffConfig(model_path=path, row=row, baseline=chosen[row.baseline], request=req, out=tmp_path / "diff",
-                     dtype=dtype, integration=integration, timeout=300)
+    cfg = DiffConfig(model=Model.open(path, height=64, width=64, dtype=dtype), row=row, baseline=chosen[row.baseline],
+                     out=tmp_path / "diff", integration=integration, timeout=300)
     return diff(cfg)
 
 
@@ -80,10 +78,8 @@ def test_failed_exact_row_gets_a_diff_section(zoo_path, tmp_path):
     from ditgate.run.define import rows
     from ditgate.run.runner import RunConfig, run
 
-    path = zoo_path("flux")
-    cfg = RunConfig(model="zoo:flux", rows=rows.select(rows.DEFAULT_ROWS, "cp-ulysses-2"), out=tmp_path / "run",
-                    request=request.build(zoo.read_meta(path), height=64, width=64),
-                    integration=PLUGINS / "flux_cp_no_gather.py", timeout=300, diff=True)
+    cfg = RunConfig(model=Model.open("zoo:flux", height=64, width=64), rows=rows.select(rows.DEFAULT_ROWS,
+                    "cp-ulysses-2"), out=tmp_path / "run", integration=PLUGINS / "flux_cp_no_gather.py", timeout=300, diff=True)
     report = run(cfg, progress=lambda line: None)
     row = next(r for r in report["rows"] if r["name"] == "cp-ulysses-2")
     assert row["status"] in ("failed", "error")  # it may crash in the scheduler: the diff stops before that

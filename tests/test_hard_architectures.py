@@ -15,6 +15,7 @@ from ditgate.inspect.anatomy import inspect_model
 from ditgate.inspect.text import render
 from ditgate.core import request
 from ditgate.run.define import rows
+from ditgate.core.model import Model
 from ditgate.run.runner import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,9 +30,8 @@ def anatomy(name: str):
 
 
 def _run(model, names, out, integration):
-    path = zoo.materialize(model)
-    cfg = RunConfig(model=model, rows=rows.select(rows.DEFAULT_ROWS, names), out=out,
-                    request=request.build(zoo.read_meta(path)), integration=integration)
+    cfg = RunConfig(model=Model.open(model), rows=rows.select(rows.DEFAULT_ROWS, names), out=out,
+                    integration=integration)
     return {r["name"]: r for r in run(cfg, progress=lambda line: None)["rows"]}
 
 

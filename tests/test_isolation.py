@@ -27,19 +27,17 @@ def test_rows_on_the_pristine_pipeline_match_rows_loaded_from_disk(zoo_path):
     import numpy as np
     import torch
 
-    from ditgate import zoo
-    from ditgate.core import request
+    from ditgate.core.model import Model
     from ditgate.run.exec import execute
     from ditgate.run.define import rows
 
-    path = zoo_path("flux")
-    req = request.build(zoo.read_meta(path), steps=4)
-    pristine = execute.load_pristine(path)
+    model = Model.open(zoo_path("flux"), steps=4)
+    pristine = execute.load_pristine(model)
     weights = {k: v.clone() for k, v in pristine.pipe.transformer.state_dict().items()}
     call = type(pristine.pipe).__call__
     for row in (rows.Row("cache", "cache", cache=rows.DEFAULT_CACHE), rows.BASELINE_TILED):
-        copied = execute.run_row(row, path, req, pristine=pristine)
-        loaded = execute.run_row(row, path, req)
+        copied = execute.run_row(row, model, pristine=pristine)
+        loaded = execute.run_row(row, model)
         assert np.array_equal(copied.output, loaded.output) and np.array_equal(copied.latents, loaded.latents)
         untimed = lambda facts: {k: v for k, v in facts.items() if k != "transformer_time_s"}  # noqa: E731
         assert untimed(copied.facts) == untimed(loaded.facts)

@@ -26,12 +26,12 @@ FLUX3_WRONG_CFG = ROOT / "examples" / "flux3" / "integration_wrong_cfg.py"
 
 
 def _run(model, rows, out, **kwargs):
-    from ditgate.core import request
+    from ditgate.core.model import Model
     from ditgate.run.define import rows as rows_mod
     from ditgate.run.runner import RunConfig, run
 
-    cfg = RunConfig(model=model, rows=rows_mod.select(rows_mod.DEFAULT_ROWS, rows), out=out,
-                    request=request.for_model(model, pipeline=kwargs.get("pipeline")), **kwargs)
+    opened = Model.open(model, pipeline=kwargs.pop("pipeline", None), dtype=kwargs.pop("dtype", "auto"))
+    cfg = RunConfig(model=opened, rows=rows_mod.select(rows_mod.DEFAULT_ROWS, rows), out=out, **kwargs)
     return run(cfg, progress=lambda line: None)
 
 
@@ -102,6 +102,7 @@ def test_flux3_modular_only_pipeline_passes_with_its_plugin(flux3_run):
 def test_wrong_calls_per_step_flag_fails_on_cache_cfg(flux3_run):
     from ditgate import zoo
     from ditgate.core import plugin, request
+    from ditgate.core.model import Model
     from ditgate.run.judge import proofs
     from ditgate.run.exec.execute import run_row
     from ditgate.run.define.rows import DEFAULT_ROWS
@@ -109,7 +110,7 @@ def test_wrong_calls_per_step_flag_fails_on_cache_cfg(flux3_run):
     _, out = flux3_run
     path = zoo.materialize("zoo:flux3")
     row = next(r for r in DEFAULT_ROWS if r.name == "cache")
-    outcome = run_row(row, path, request.for_model("zoo:flux3"), integration=plugin.load(FLUX3_WRONG_CFG))
+    outcome = run_row(row, Model.open("zoo:flux3"), integration=plugin.load(FLUX3_WRONG_CFG))
     base = json.loads((out / "rows" / "baseline" / "result.json").read_text())["facts"]
     base_row = next(r for r in DEFAULT_ROWS if r.name == "baseline")
     checked = {p.feature: p for p in proofs.check(row, outcome.facts, base_row, base)}
@@ -174,9 +175,10 @@ def test_request_is_fitted_to_the_blocks(zoo_path):
     standard twin needs one, a standard pipeline's CFG scale on the guider, arguments and frames no block takes
     refused with the request's own messages."""
     from ditgate.core import modular, request
+    from ditgate.core.model import Model
     from ditgate.core.errors import DitgateError
 
-    flux3 = request.for_model("zoo:flux3")
+    flux3 = Model.open("zoo:flux3").request
     assert flux3.steps == 8 and flux3.steps_from == "request" and flux3.image is None
     pipe = modular.from_pretrained(zoo_path("flux3"))
     no_steps = request.fit_blocks(request.build({"call": {"prompt": "x"}}), pipe)
@@ -184,11 +186,11 @@ def test_request_is_fitted_to_the_blocks(zoo_path):
     assert isinstance(steps.default, int)  # required, with a default: diffusers fills it in
     assert no_steps.steps == steps.default and no_steps.steps_from == "signature"
     with pytest.raises(DitgateError, match=r"Flux3ModularPipeline \(its blocks\) does not accept bogus"):
-        request.for_model("zoo:flux3", call={"bogus": 1})
+        Model.open("zoo:flux3", call={"bogus": 1}).request
     with pytest.raises(DitgateError, match="takes no frame count"):
-        request.for_model("zoo:flux3", frames=3)
+        Model.open("zoo:flux3", frames=3).request
 
-    qwen = request.for_model("zoo:qwen-image", pipeline="modular")
+    qwen = Model.open("zoo:qwen-image", pipeline="modular").request
     assert qwen.call["true_cfg_scale"] == 2.0  # QwenImagePipeline's CFG scale: the modular guider's scale
     pipe = modular.from_pretrained(zoo_path("qwen-image"), "modular")
     assert modular.guider_args(pipe, qwen.call) == {"true_cfg_scale": 2.0}
@@ -200,10 +202,11 @@ def test_request_is_fitted_to_the_blocks(zoo_path):
 
 def test_standard_twin_that_transforms_an_image_gets_one(zoo_path):
     from ditgate.core import request
+    from ditgate.core.model import Model
 
-    i2v = request.for_model("zoo:pipe/wan-i2v", pipeline="modular")  # WanImageToVideoPipeline's folder
+    i2v = Model.open("zoo:pipe/wan-i2v", pipeline="modular").request  # WanImageToVideoPipeline's folder
     assert (i2v.image, i2v.image_key) == ("generated", "image")
-    t2v = request.for_model("zoo:wan", pipeline="modular")
+    t2v = Model.open("zoo:wan", pipeline="modular").request
     assert t2v.image is None
 
 
@@ -231,6 +234,8 @@ def test_transformer_level_cache_needs_a_refresh_between_calls():
     import torch
 
     from ditgate.core import request
+
+    from ditgate.core.model import Model
     from ditgate.core.loader import load
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -238,7 +243,7 @@ def test_transformer_level_cache_needs_a_refresh_between_calls():
         import modular_adapter_level as bench
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    req = request.for_model("zoo:flux", pipeline=bench.PIPELINE)
+    req = Model.open("zoo:flux", pipeline=bench.PIPELINE).request
     pristine = load("zoo:flux", pipeline=bench.PIPELINE)
     runs = {level: bench.run_level(pristine, level, "static", [6, 4], req)
             for level in ("pipeline", "transformer+refresh", "transformer")}

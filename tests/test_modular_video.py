@@ -29,13 +29,12 @@ MODEL = "zoo:cosmos3-distilled"
 
 
 def _run(rows, out, integration=PLUGIN, cache_config=None):
-    from ditgate.core import request
+    from ditgate.core.model import Model
     from ditgate.run.define import rows as rows_mod
     from ditgate.run.runner import RunConfig, run
 
     chosen = rows_mod.with_cache_config(rows_mod.select(rows_mod.DEFAULT_ROWS, rows), cache_config or {})
-    cfg = RunConfig(model=MODEL, rows=chosen, out=out,
-                    request=request.for_model(MODEL), integration=integration)
+    cfg = RunConfig(model=Model.open(MODEL), rows=chosen, out=out, integration=integration)
     report = run(cfg, progress=lambda line: None)
     return {r["name"]: r for r in report["rows"]}, out
 
@@ -82,13 +81,14 @@ def test_cosmos3_baseline_is_a_video_and_cache_passes(cosmos_run):
 def test_two_calls_per_step_declared_fails_on_cache_cfg(cosmos_run):
     from ditgate import zoo
     from ditgate.core import plugin, request
+    from ditgate.core.model import Model
     from ditgate.run.judge import proofs
     from ditgate.run.exec.execute import run_row
     from ditgate.run.define.rows import DEFAULT_ROWS
 
     _, out = cosmos_run
     row = next(r for r in DEFAULT_ROWS if r.name == "cache")
-    outcome = run_row(row, zoo.materialize(MODEL), request.for_model(MODEL), integration=plugin.load(WRONG_CFG))
+    outcome = run_row(row, Model.open(MODEL), integration=plugin.load(WRONG_CFG))
     base = json.loads((out / "rows" / "baseline" / "result.json").read_text())["facts"]
     base_row = next(r for r in DEFAULT_ROWS if r.name == "baseline")
     checked = {p.feature: p for p in proofs.check(row, outcome.facts, base_row, base)}

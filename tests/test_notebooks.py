@@ -90,7 +90,7 @@ def test_committed_notebooks_are_what_the_script_writes(tmp_path):
 
 
 def test_linter_finds_every_phase_notebook():
-    from ditgate.skill.rules import lint
+    from ditgate.skill import lint
 
     findings = [f.format() for f in lint(ROOT).findings if f.rule == "phase-files" and "notebook" in f.message]
     assert findings == []

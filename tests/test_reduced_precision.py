@@ -23,6 +23,7 @@ from ditgate.gates import floor as floor_rule
 from ditgate.gates.first_step import check as first_step_check
 from ditgate.metrics.frames import chunk_boundaries, frame_scores
 from ditgate.run.define import rows
+from ditgate.core.model import Model
 from ditgate.run.runner import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,9 +41,8 @@ def one_thread():
 
 
 def _run(out, model, names, *, dtype=BF16, integration=None, steps=None, rows_list=rows.DEFAULT_ROWS, **size):
-    path = zoo.materialize(model) if str(model).startswith("zoo:") else Path(model)
-    cfg = RunConfig(model=str(model), rows=rows.select(rows_list, names), out=out, dtype=dtype,
-                    request=request.build(zoo.read_meta(path), steps=steps, **size), integration=integration)
+    cfg = RunConfig(model=Model.open(str(model), dtype=dtype, steps=steps, **size), rows=rows.select(rows_list, names),
+                    out=out, integration=integration)
     return run(cfg, progress=lambda line: None)
 
 

@@ -68,22 +68,20 @@ def test_hints_name_the_component_that_failed():
 
 
 def test_speedups_above_their_ideal_or_without_warm_up_are_marked():
-    from types import SimpleNamespace
-
     from ditgate.run.define import rows
     from ditgate.run.define.predict import caveats
 
     row = rows.Row("cache", "cache", cache=rows.DEFAULT_CACHE)
     result = {"facts": {"transformer_calls": 28, "cache": [{"cached_steps": list(range(13))}]}}  # ideal 28/15
-    gpu_warm = SimpleNamespace(warmup=1, device="cuda")
-    assert caveats(row, result, 1.80, gpu_warm) == []
-    above = caveats(row, result, 2.83, gpu_warm)  # the H200's cold-baseline number
+    gpu_warm = (1, "cuda")
+    assert caveats(row, result, 1.80, *gpu_warm) == []
+    above = caveats(row, result, 2.83, *gpu_warm)  # the H200's cold-baseline number
     assert len(above) == 1 and above[0].startswith("not meaningful") and "1.87x" in above[0]
-    assert any("without warm-up" in c for c in caveats(row, result, 1.5, SimpleNamespace(warmup=0, device="cuda")))
+    assert any("without warm-up" in c for c in caveats(row, result, 1.5, 0, "cuda"))
     hybrid = rows.Row("h", "hybrid", parallel={"ulysses_size": 2, "tp_size": 2})
-    cpu = caveats(hybrid, {"facts": {"transformer_calls": 8}}, 1.1, SimpleNamespace(warmup=1, device="cpu"))
+    cpu = caveats(hybrid, {"facts": {"transformer_calls": 8}}, 1.1, 1, "cpu")
     assert any("oversubscribed" in c for c in cpu) == (4 > len(__import__("os").sched_getaffinity(0)))
-    assert caveats(rows.BASELINE, result, 1.0, gpu_warm) == []
+    assert caveats(rows.BASELINE, result, 1.0, *gpu_warm) == []
 
 
 def test_the_cache_row_checks_the_adapter_with_caching_off(run_cli, tmp_path):

@@ -19,6 +19,7 @@ from PIL import Image
 
 from ditgate import zoo
 from ditgate.core import request
+from ditgate.core.model import Model
 from ditgate.core.errors import DitgateError
 from ditgate.run.define import rows
 from ditgate.run.exec.outputs import decoded
@@ -47,9 +48,8 @@ def _folder(tmp_path: Path, drop: tuple[str, ...] = ()) -> Path:
 
 
 def _run(model, pipeline, out, names=None, integration=GOOD, **named):
-    req = request.for_model(str(model), pipeline=f"contract_pipelines:{pipeline}", **named)
-    cfg = RunConfig(model=str(model), rows=rows.select(rows.DEFAULT_ROWS, names), out=out, request=req,
-                    integration=integration, pipeline=f"contract_pipelines:{pipeline}")
+    opened = Model.open(str(model), pipeline=f"contract_pipelines:{pipeline}", **named)
+    cfg = RunConfig(model=opened, rows=rows.select(rows.DEFAULT_ROWS, names), out=out, integration=integration)
     report = run(cfg, progress=lambda line: None)
     return report, {r["name"]: r for r in report["rows"]}
 
@@ -120,7 +120,7 @@ def test_call_options_files_and_their_order(tmp_path):
     extra = request.read_call_file(yaml_file) | request.parse_call_options(["guidance_scale=1.5", "prompt=a cat",
                                                                             "max_sequence_length=[1, 2]"])
     assert extra == {"guidance_scale": 1.5, "max_sequence_length": [1, 2], "prompt": "a cat"}
-    req = request.for_model("zoo:tinymm", call={"guidance_scale": 7.0}, call_file=yaml_file, steps=3)
+    req = Model.open("zoo:tinymm", call={"guidance_scale": 7.0}, call_file=yaml_file, steps=3).request
     assert req.call["guidance_scale"] == 7.0 and req.call["max_sequence_length"] == 16 and req.steps == 3
     with pytest.raises(DitgateError, match="KEY=VALUE"):
         request.parse_call_options(["no-equals"])
@@ -132,9 +132,9 @@ def test_call_options_files_and_their_order(tmp_path):
 
 def test_frames_and_arguments_the_pipeline_does_not_take_are_refused():
     with pytest.raises(DitgateError, match="takes no frame count"):
-        request.for_model("zoo:tinymm", frames=4)
+        Model.open("zoo:tinymm", frames=4).request
     with pytest.raises(DitgateError, match="does not accept not_an_argument"):
-        request.for_model("zoo:tinymm", call={"not_an_argument": 1})
+        Model.open("zoo:tinymm", call={"not_an_argument": 1}).request
 
 
 def test_cli_user_errors_exit_2_with_one_line(run_cli, tmp_path):
@@ -157,7 +157,7 @@ def test_an_input_image_goes_to_the_signature_argument(tmp_path):
     i2v = request.resolve(request.build({}, image=str(photo)), WanImageToVideoPipeline)
     assert i2v.image_key == "image" and np.asarray(request.input_image(i2v)).max() == 200
     with pytest.raises(DitgateError, match="takes no input image"):
-        request.for_model("zoo:tinymm", image=str(photo))
+        Model.open("zoo:tinymm", image=str(photo)).request
 
 
 # -- outputs of every form ---------------------------------------------------------------------------------------
@@ -200,8 +200,7 @@ def test_inspect_reports_the_call_it_is_given():
     from ditgate.inspect.anatomy import inspect_model
 
     default = inspect_model("zoo:flux")
-    asked = inspect_model("zoo:flux", request.for_model("zoo:flux", height=64, width=96,
-                                                        call={"max_sequence_length": 16}, steps=2))
+    asked = inspect_model(Model.open("zoo:flux", height=64, width=96, call={"max_sequence_length": 16}, steps=2))
     assert default.sequence.image_tokens * 64 * 96 == asked.sequence.image_tokens * 128 * 128  # zoo: 128x128
     assert asked.sequence.text_tokens == 16 and default.sequence.text_tokens != 16
     assert asked.calls_by_step == [1, 1]

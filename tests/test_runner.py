@@ -11,16 +11,16 @@ from ditgate.core import request
 from ditgate.run.define import rows
 from ditgate.run.exec import files as store
 from ditgate.core.paths import checklists_dir
+from ditgate.core.model import Model
 from ditgate.run.runner import RunConfig, RunFolderError, run
 
 PLUGINS = Path(__file__).parent / "plugins"
 DEFAULT = {r.name: r for r in rows.DEFAULT_ROWS}
 
 
-def _run(model, names, out, **kwargs):
-    path = zoo.materialize(model)
-    cfg = RunConfig(model=model, rows=rows.select(rows.DEFAULT_ROWS, names), out=out,
-                    request=request.build(zoo.read_meta(path)), **kwargs)
+def _run(model, names, out, dtype="auto", **kwargs):
+    cfg = RunConfig(model=Model.open(model, dtype=dtype), rows=rows.select(rows.DEFAULT_ROWS, names), out=out,
+                    **kwargs)
     return run(cfg, progress=lambda line: None)
 
 
@@ -183,9 +183,7 @@ def test_resume_keeps_finished_rows(tmp_path):
 
 def test_preflight_refuses_indivisible_heads_before_loading(tmp_path):
     three = rows.Row("tp-3", "tp", parallel={"tp_size": 3})
-    path = zoo.materialize("zoo:flux")
-    cfg = RunConfig(model="zoo:flux", rows=rows.select([three], None), out=tmp_path / "run",
-                    request=request.build(zoo.read_meta(path)))
+    cfg = RunConfig(model=Model.open("zoo:flux"), rows=rows.select([three], None), out=tmp_path / "run")
     report = run(cfg, progress=lambda line: None)
     result = _rows(report)["tp-3"]
     assert result["status"] == "error"

@@ -98,7 +98,7 @@ def run_script(path: str, argv: list[str]) -> int:
 def dry_run(argv: list[str]) -> int:
     """What `ditgate run ARGV` checks before it loads any weights, done here without running a row."""
     from ditgate.cli import build_parser
-    from ditgate.commands.model.run import build_request
+    from ditgate.commands.model.options import model_from
     from ditgate.core import plugin
     from ditgate.core.loader import pipeline_class, read_index, resolve
     from ditgate.run.define import preflight
@@ -110,7 +110,7 @@ def dry_run(argv: list[str]) -> int:
     model_path = resolve(args.model)
     if args.pipeline is not None:                # the class imports and fits the folder
         assert pipeline_class(model_path, read_index(model_path), args.pipeline) is not None
-    request = build_request(args)
+    request = model_from(args).request
     if args.integration is not None:
         assert args.integration.is_file(), f"--integration {args.integration} does not resolve from {Path.cwd()}"
         assert plugin.load(args.integration) is not None
@@ -189,7 +189,7 @@ def run_line(text: str, words: list[str], state: dict) -> tuple[str, int]:
 def test_the_installed_copy_is_self_contained(installed):
     """Every path the installed skill cites (links, `references/...`, `examples/...`, `$SKILL_DIR/...` in fences)
     resolves inside the installed folder: the linter, run on the copy, finds nothing."""
-    from ditgate.skill.rules import lint
+    from ditgate.skill import lint
 
     dest = installed["dest"]
     assert sorted(p.name for p in dest.iterdir()) == ["SKILL.md", "checklists", "examples", "notebooks", "references"]
@@ -200,8 +200,7 @@ def test_the_installed_copy_is_self_contained(installed):
 def test_a_file_missing_from_the_installed_copy_fails_lint(tmp_path):
     """An installation without a file the skill cites (an example a fence runs) is not self-contained: lint says
     where it is cited."""
-    from ditgate.skill import LintConfig
-    from ditgate.skill.rules import lint
+    from ditgate.skill import LintConfig, lint
 
     [dest] = install_skill(tmp_path / "project", source=ROOT).paths
     (dest / "examples" / "flux3" / "integration_wrong_cfg.py").unlink()

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from skill_fixture import NAME, edit, write_skill
 
-from ditgate.skill import install_skill
-from ditgate.skill.rules import lint
+from ditgate.skill import install_skill, lint
 from ditgate.skill.install import SkillExistsError, SkillInstallError
 
 

@@ -7,8 +7,7 @@ import json
 import pytest
 from skill_fixture import NAME, ROOT, edit, write_skill
 
-from ditgate.skill import LintConfig
-from ditgate.skill.rules import lint
+from ditgate.skill import LintConfig, lint
 from ditgate.skill.markdown import github_slug, heading_slugs
 from ditgate.skill.rules.thresholds import GateTable, claim_scopes
 

@@ -164,7 +164,7 @@ def patch_functor_when_needed(ctx: Context, args: dict[str, Any]) -> Outcome:
 
 
 def _steps(ctx: Context) -> int:
-    steps = ctx.request.steps
+    steps = ctx.model.request.steps
     if not steps:
         raise NamedCheckError("the number of denoising steps is not known: pass --steps")
     return steps
@@ -197,7 +197,7 @@ def _equals_baseline(ctx: Context, name: str, what: str) -> Outcome:
     latents = (load("baseline", "latents"), load(name, "latents"))
     verdict = evaluate(EXACT_PHASE, cand["modality"], load("baseline", "output"), load(name, "output"),
                        latents=latents if all(x is not None for x in latents) else None,
-                       noise=load("baseline", "noise"), dtype=ctx.dtype, sample_rate=cand.get("sample_rate"))
+                       noise=load("baseline", "noise"), dtype=ctx.model.dtype, sample_rate=cand.get("sample_rate"))
     shown = ", ".join(f"{k} {format_value(k, v)}" for k, v in verdict.metrics.items() if k != "worst_tile_ssim")
     if verdict.passed:
         return passed(f"{what} equals the baseline within the exact gate (phase {EXACT_PHASE}): {shown}")

@@ -155,9 +155,9 @@ def model_contract(ctx: Context, args: dict[str, Any]) -> Outcome:
 
 
 def model_folder(ctx: Context, args: dict[str, Any]) -> Outcome:
-    index = ctx.model_path / "model_index.json"
-    if not index.is_file() and (ctx.model_path / "modular_model_index.json").is_file():
-        index = ctx.model_path / "modular_model_index.json"  # a ModularPipeline: [library, class, loading spec]
+    index = ctx.model.path / "model_index.json"
+    if not index.is_file() and (ctx.model.path / "modular_model_index.json").is_file():
+        index = ctx.model.path / "modular_model_index.json"  # a ModularPipeline: [library, class, loading spec]
     try:
         entries = json.loads(index.read_text())
     except (OSError, ValueError) as exc:
@@ -166,7 +166,7 @@ def model_folder(ctx: Context, args: dict[str, Any]) -> Outcome:
                   if not k.startswith("_") and isinstance(v, list) and len(v) in (2, 3) and all(v[:2])}
     problems, weighted = [], []
     for name in components:
-        folder = ctx.model_path / name
+        folder = ctx.model.path / name
         if not folder.is_dir():
             problems.append(f"{name}/ is missing")
             continue
@@ -176,6 +176,6 @@ def model_folder(ctx: Context, args: dict[str, Any]) -> Outcome:
             else:
                 problems.append(f"{name}/ has a config.json but no weights")
     if problems:
-        return failed(f"{ctx.model_path}: " + "; ".join(problems))
-    return passed(f"{ctx.model_path}: {index.name} names {len(components)} components, every folder is present; "
+        return failed(f"{ctx.model.path}: " + "; ".join(problems))
+    return passed(f"{ctx.model.path}: {index.name} names {len(components)} components, every folder is present; "
                   f"weights in {', '.join(weighted)}")

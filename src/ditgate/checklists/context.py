@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 from ditgate.core.errors import DitgateError
-from ditgate.core.request import Request
+from ditgate.core.model import Model
 from ditgate.run.define.rows import Row
 
 
@@ -38,14 +38,8 @@ def failed(evidence: str) -> Outcome:
 class Context:
     """What a check may look at. The checklist runner fills `anatomy`, `run_dir` and `report` as it goes."""
 
-    model: str
-    model_path: Path
-    request: Request
-    dtype: str = "float32"
-    device: str = "cpu"
+    model: Model  # the model, its call, dtype and device (ditgate.core.model)
     integration_path: Path | None = None
-    pipeline: str | None = None
-    trust_remote_code: bool = False
     anatomy: dict[str, Any] | None = None
     run_dir: Path | None = None
     report: dict[str, Any] | None = None
@@ -64,10 +58,7 @@ class Context:
 
     def pipe(self):
         if self._pipe is None:
-            from ditgate.core.loader import load
-
-            self._pipe = load(self.model_path, dtype=self.dtype, device=self.device, pipeline=self.pipeline,
-                              trust_remote_code=self.trust_remote_code)
+            self._pipe = self.model.load()
         return self._pipe
 
     def drop_pipe(self) -> None:

@@ -83,13 +83,8 @@ from ditgate.checklists.facts import check_fact
 # ---------------------------------------------------------------------------------------------------- running
 @dataclass
 class RunOptions:
-    model: str
-    request: Any  # ditgate.core.request.Request
-    dtype: str = "float32"
-    device: str = "cpu"
+    model: Any  # ditgate.core.model.Model: the model, its call, dtype and device
     integration: Path | None = None
-    pipeline: str | None = None
-    trust_remote_code: bool = False
     out: Path | None = None
     timeout: float = 600.0
     progress: Callable[[str], None] | None = None
@@ -138,15 +133,15 @@ def _anatomy(ctx: Context, opts: RunOptions) -> dict[str, Any]:
     from ditgate.inspect.anatomy import analyse, build_call
 
     pipe = ctx.pipe()
-    probe_call, dropped = build_call(pipe, opts.request)  # the call the rows make: one request for both
-    return analyse(pipe, probe_call, model=opts.model, steps=probe_call.get("num_inference_steps"),
-                   dropped=dropped, seed=opts.request.seed).to_dict()
+    probe_call, dropped = build_call(pipe, opts.model.request)  # the call the rows make: one request for both
+    return analyse(pipe, probe_call, model=opts.model.name, steps=probe_call.get("num_inference_steps"),
+                   dropped=dropped, seed=opts.model.request.seed).to_dict()
 
 
 def _fresh_folder(opts: RunOptions) -> Path:
     from ditgate.run.runner import default_out
 
-    run_dir = Path(opts.out) if opts.out else default_out(opts.model)
+    run_dir = Path(opts.out) if opts.out else default_out(opts.model.name)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ChecklistError(f"{run_dir} is not empty; choose another --out (a checklist always runs afresh)")
     if opts.from_run is not None and not (Path(opts.from_run) / "run.json").is_file():
@@ -230,9 +225,8 @@ class _Session:
         o = self.opts
         if o.from_run is not None:
             copy_finished_rows(Path(o.from_run), run_dir, [r.name for r in chosen])
-        cfg = RunConfig(model=o.model, rows=chosen, request=o.request, out=run_dir, dtype=o.dtype, device=o.device,
-                        integration=o.integration, pipeline=o.pipeline, trust_remote_code=o.trust_remote_code,
-                        timeout=o.timeout, resume=o.from_run is not None)
+        cfg = RunConfig(model=o.model, rows=chosen, out=run_dir, integration=o.integration, timeout=o.timeout,
+                        resume=o.from_run is not None)
         self.ctx.report = run(cfg, progress=self.say)
         self.ctx.run_dir = Path(self.ctx.report["run_dir"])
         for c, i in self.items:
@@ -246,19 +240,14 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     Order: inspect; named checks that only read the pipeline (on the inspected copy); the runner; named checks
     judged on its rows; named checks that change a pipeline (each on a fresh load).
     """
-    from ditgate.core.loader import resolve
     from ditgate.run.runner import _versions
 
     run_dir = _fresh_folder(opts)
     if opts.from_run is not None:  # refuse a run of another model or request now, not after the inspection
         from ditgate.run.runner import RunConfig, check_resumable
 
-        check_resumable(Path(opts.from_run), RunConfig(model=opts.model, rows=[], request=opts.request,
-                                                       dtype=opts.dtype, device=opts.device,
-                                                       integration=opts.integration), resolve(opts.model))
-    ctx = Context(model=opts.model, model_path=resolve(opts.model), request=opts.request, dtype=opts.dtype,
-                  device=opts.device, integration_path=opts.integration, pipeline=opts.pipeline,
-                  trust_remote_code=opts.trust_remote_code)
+        check_resumable(Path(opts.from_run), RunConfig(model=opts.model, rows=[], integration=opts.integration))
+    ctx = Context(model=opts.model, integration_path=opts.integration)
     session = _Session(opts, ctx, [(c, i) for c in checklists for i in c.items if i.automated],
                        opts.progress or (lambda line: print(line, file=sys.stderr, flush=True)))
     session.inspect()
@@ -269,10 +258,11 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     session.run_named(lambda check: True)
     ctx.drop_pipe()
     run_info = {
-        "model": opts.model, "integration": str(opts.integration) if opts.integration else None,
-        "pipeline": opts.pipeline, "trust_remote_code": opts.trust_remote_code,
+        "model": opts.model.name, "integration": str(opts.integration) if opts.integration else None,
+        "pipeline": opts.model.pipeline, "trust_remote_code": opts.model.trust_remote_code,
         "command": reproduce_command([c.name for c in checklists], opts),
-        "dtype": opts.dtype, "device": opts.device, "request": opts.request.to_dict(), "run_dir": str(run_dir),
+        "dtype": opts.model.dtype, "device": opts.model.device, "request": opts.model.request.to_dict(),
+        "run_dir": str(run_dir),
         "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
     }
     run_info = json.loads(json.dumps(run_info, default=str))  # plain types only (torch's version is a str subclass)
@@ -294,11 +284,12 @@ def reproduce_command(names: list[str], opts: RunOptions) -> str:
     ran (steps and frames under the pipeline's own names), the pipeline class, the integration, dtype and device."""
     import shlex
 
-    req = opts.request
-    words = ["ditgate", "checklist", ",".join(names), "--model", opts.model]
-    if opts.pipeline:
-        words += ["--pipeline", opts.pipeline]
-    if opts.trust_remote_code:
+    model = opts.model
+    req = model.request
+    words = ["ditgate", "checklist", ",".join(names), "--model", model.name]
+    if model.pipeline:
+        words += ["--pipeline", model.pipeline]
+    if model.trust_remote_code:
         words.append("--trust-remote-code")
     if opts.integration:
         words += ["--integration", str(opts.integration)]
@@ -306,7 +297,7 @@ def reproduce_command(names: list[str], opts: RunOptions) -> str:
         words += ["--call", f"{key}={_as_option(value)}"]
     if req.image and req.image != "generated":
         words += ["--image", req.image]
-    words += ["--seed", str(req.seed), "--dtype", opts.dtype, "--device", opts.device]
+    words += ["--seed", str(req.seed), "--dtype", model.dtype, "--device", model.device]
     return shlex.join(words)
 
 

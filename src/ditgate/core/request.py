@@ -118,26 +118,6 @@ def build(meta: dict[str, Any], *, prompt: str | None = None, height: int | None
     return Request(call=call, seed=seed, vae_tiling=dict(meta.get("vae_tiling", {})), frames=frames, image=image)
 
 
-def for_model(model: str, *, pipeline: str | None = None, trust_remote_code: bool = False,
-              call: dict[str, Any] | None = None, call_file: str | Path | None = None, **named) -> Request:
-    """The request for `model` (a folder or zoo:NAME), fitted to its pipeline's `__call__`: the folder's
-    ditgate.json, then `call_file`, then `call`, then the `named` values of `build` (prompt, height, ...)."""
-    from ditgate import zoo
-    from ditgate.core.loader import call_class, resolve as resolve_model
-
-    path = resolve_model(model)
-    req = build(zoo.read_meta(path), extra=read_call_file(call_file) | dict(call or {}), **named)
-    cls = call_class(path, pipeline, trust_remote_code)
-    if cls is None:  # a modular pipeline: fitted to its blocks' inputs (configs only)
-        from ditgate.core import modular
-
-        pipe = modular.from_pretrained(path, pipeline, trust_remote_code)
-        fitted = fit_blocks(req, pipe, modular.standard_class(path))
-        modular.output_name(pipe, fitted.call)
-        return fitted
-    return resolve(req, cls)
-
-
 def _parameters(cls) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(cls.__call__).parameters)
 

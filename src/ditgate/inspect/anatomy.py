@@ -343,20 +343,17 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
     return anatomy
 
 
-def inspect_model(model: str, req: Request | None = None, *, pipeline: str | None = None,
-                  trust_remote_code: bool = False, dtype: str = "auto", device: str = "auto") -> Anatomy:
-    """Load `model` (a folder or `zoo:NAME`) with `ditgate.load` and return its anatomy, observed on the call of
-    `req` (default: the request every command makes of this model without options)."""
-    from ditgate.core.loader import load, resolve
+def inspect_model(model) -> Anatomy:
+    """Load `model` (a ditgate.core.model.Model; a folder or `zoo:NAME` is opened with its defaults) and return its
+    anatomy, observed on the model's call."""
+    from ditgate.core.model import Model
 
-    device = request.resolve_device(device)
-    if req is None:
-        req = request.for_model(model, pipeline=pipeline, trust_remote_code=trust_remote_code)
-    pipe = load(resolve(model), dtype=request.resolve_dtype(dtype, device), device=device, pipeline=pipeline,
-                trust_remote_code=trust_remote_code)
-    call, dropped = build_call(pipe, req)
-    return analyse(pipe, call, model=str(model), steps=call.get("num_inference_steps"), dropped=dropped,
-                   seed=req.seed)
+    if not isinstance(model, Model):
+        model = Model.open(model)
+    pipe = model.load()
+    call, dropped = build_call(pipe, model.request)
+    return analyse(pipe, call, model=model.name, steps=call.get("num_inference_steps"), dropped=dropped,
+                   seed=model.request.seed)
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -88,9 +88,9 @@ def phase_rows(phase: str, world_size: int = 2) -> list:
     return rows.select([*rows.DEFAULT_ROWS, *chosen], [r.name for r in chosen])
 
 
-def _request(model: str, opts: dict[str, Any]):
-    """The one request object (ditgate.core.request), from a notebook's parameters: "" and 0 keep the defaults."""
-    from ditgate.core import request
+def _model(model: str, opts: dict[str, Any], dtype: str, device: str):
+    """The one model value (ditgate.core.model.Model), from a notebook's parameters: "" and 0 keep the defaults."""
+    from ditgate.core.model import Model
 
     call = opts.get("call") or ""
     try:
@@ -99,10 +99,10 @@ def _request(model: str, opts: dict[str, Any]):
         raise DitgateError(f"call: not a JSON object ({exc})") from None
     if not isinstance(call, dict):
         raise DitgateError("call: expected a JSON object of argument names to values")
-    return request.for_model(model, pipeline=opts.get("pipeline") or None,
-                             trust_remote_code=bool(opts.get("trust_remote_code")), call=call,
-                             call_file=opts.get("call_file") or None, image=opts.get("image") or None,
-                             **{k: opts.get(k) or None for k in ("height", "width", "frames", "steps")})
+    return Model.open(model, pipeline=opts.get("pipeline") or None,
+                      trust_remote_code=bool(opts.get("trust_remote_code")), dtype=dtype, device=device, call=call,
+                      call_file=opts.get("call_file") or None, image=opts.get("image") or None,
+                      **{k: opts.get(k) or None for k in ("height", "width", "frames", "steps")})
 
 
 def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_size: int = 2, integration: str = "",
@@ -119,11 +119,8 @@ def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_si
         load_gates(gates)  # a broken table fails now, not after every row has run
     chosen = (rows_mod.select([*rows_mod.DEFAULT_ROWS, *phase_rows(phase, world_size)], rows) if rows
               else phase_rows(phase, world_size))
-    device, dtype = request_mod.device_and_dtype(device, dtype)
-    cfg = RunConfig(model=model, rows=chosen, request=_request(model, request_opts), out=Path(out_dir) / phase,
-                    dtype=dtype, device=device, integration=Path(integration) if integration else None,
-                    pipeline=request_opts.get("pipeline") or None,
-                    trust_remote_code=bool(request_opts.get("trust_remote_code")), timeout=timeout, resume=resume,
+    cfg = RunConfig(model=_model(model, request_opts, dtype, device), rows=chosen, out=Path(out_dir) / phase,
+                    integration=Path(integration) if integration else None, timeout=timeout, resume=resume,
                     gates=Path(gates) if gates else None)
     report = run(cfg, progress)
     report["gates"] = gates or "checklists/gates.json"
@@ -134,10 +131,7 @@ def inspect(model: str, out_dir: Path, *, dtype: str = "auto", device: str = "au
     """`ditgate inspect`: the anatomy; the draft plan is written to `out_dir/plan.md`."""
     from ditgate.inspect.anatomy import inspect_model, write_text_atomic
 
-    device, dtype = request_mod.device_and_dtype(device, dtype)
-    anatomy = inspect_model(model, _request(model, request_opts), pipeline=request_opts.get("pipeline") or None,
-                            trust_remote_code=bool(request_opts.get("trust_remote_code")), dtype=dtype,
-                            device=device)
+    anatomy = inspect_model(_model(model, request_opts, dtype, device))
     write_text_atomic(Path(out_dir) / "plan.md", anatomy.plan)
     return anatomy
 
@@ -148,15 +142,12 @@ def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", in
     """`ditgate matrix` into `out_dir/perf_matrix`; returns matrix.json. -1, 0 and "" keep the command's defaults."""
     from ditgate.perf import acceptance
 
-    device, dtype = request_mod.device_and_dtype(device, dtype)
     warmup, repeats, tier = (1 if warmup < 0 else warmup), (repeats or 3), tier.upper()
-    acceptance.check_options(tier, device, warmup, repeats, 1)
-    request = _request(model, request_opts)
-    chosen, profile, note = acceptance.plan_rows(model, request, dtype, tier, rows=rows or None)
-    acceptance.run_matrix(model, chosen, profile, note, request=request, tier=tier,
-                          out=Path(out_dir) / "perf_matrix", dtype=dtype, device=device, warmup=warmup,
-                          repeats=repeats, timeout=timeout, pipeline=request_opts.get("pipeline") or None,
-                          trust_remote_code=bool(request_opts.get("trust_remote_code")),
+    acceptance.check_options(tier, request_mod.resolve_device(device), warmup, repeats, 1)
+    opened = _model(model, request_opts, dtype, device)
+    chosen, profile, note = acceptance.plan_rows(opened, tier, rows=rows or None)
+    acceptance.run_matrix(opened, chosen, profile, note, tier=tier, out=Path(out_dir) / "perf_matrix",
+                          warmup=warmup, repeats=repeats, timeout=timeout,
                           integration=Path(integration) if integration else None)
     return json.loads((Path(out_dir) / "perf_matrix" / "matrix.json").read_text())
 

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ditgate.core.errors import DitgateError
-from ditgate.core.loader import resolve
-from ditgate.core.request import Request
+from ditgate.core.model import Model
 from ditgate.perf import matrix as perf
 from ditgate.run.define import predict
 from ditgate.run.define import rows as rows_mod
@@ -60,25 +59,23 @@ def check_options(tier: str, device: str, warmup: int, repeats: int, threads: in
             raise DitgateError(refusal)
 
 
-def plan_rows(model: str, request: Request, dtype: str, tier: str, rows_file: Path | None = None,
+def plan_rows(model: Model, tier: str, rows_file: Path | None = None,
               rows: str | None = None) -> tuple[list[Row], Any, str | None]:
     """The rows to run (the tier's, or a rows file's, narrowed by `rows`), the FLOP profile and its note."""
-    profile, note = predict.profile_for(resolve(model), request, dtype)
+    profile, note = predict.profile_for(model.path, model.request, model.dtype)
     base = rows_mod.load_rows(rows_file) if rows_file else perf.matrix_rows(tier, predict.max_fn(profile))
     return rows_mod.select(base, rows), profile, note
 
 
-def run_matrix(model: str, chosen: list[Row], profile: Any, note: str | None, *, request: Request, tier: str,
-               out: Path | None, dtype: str, device: str, warmup: int, repeats: int, threads: int = 1,
-               pipeline: str | None = None, trust_remote_code: bool = False, timeout: float = 600.0,
-               resume: bool = False, integration: Path | None = None) -> tuple[dict[str, Any], Path]:
+def run_matrix(model: Model, chosen: list[Row], profile: Any, note: str | None, *, tier: str, out: Path | None,
+               warmup: int, repeats: int, threads: int = 1, timeout: float = 600.0, resume: bool = False,
+               integration: Path | None = None) -> tuple[dict[str, Any], Path]:
     """Run the matrix rows; write matrix.md, matrix.json and the plot into the run folder; (matrix data, folder).
     Callers refuse bad options first (`check_options`), before the FLOP profile is counted. `integration`: the
     plugin file of a model cache-dit does not know (as for `ditgate run --integration`)."""
-    cfg = RunConfig(model=model, rows=chosen, request=request, out=out, dtype=dtype, device=device,
-                    integration=integration, pipeline=pipeline, trust_remote_code=trust_remote_code, timeout=timeout,
-                    resume=resume, warmup=warmup, repeats=repeats)
-    with cpu_threads(threads) if not device.startswith("cuda") else contextlib.nullcontext():
+    cfg = RunConfig(model=model, rows=chosen, out=out, integration=integration, timeout=timeout, resume=resume,
+                    warmup=warmup, repeats=repeats)
+    with cpu_threads(threads) if not model.device.startswith("cuda") else contextlib.nullcontext():
         report = run(cfg, profile=profile)
         data = perf.matrix(report, tier, warmup, repeats, prediction_note=note)
     run_dir = Path(report["run_dir"])

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ditgate.core import modular
 from ditgate.run.exec import files as store
 from ditgate.run.judge.gating import audio_floor, judge_row
 from ditgate.core.errors import DitgateError
-from ditgate.core.request import Request
+from ditgate.core.model import Model
 from ditgate.run.exec.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
                                 copy_finished_rows, default_out, prepare)
 from ditgate.run.exec.folder import done as _done
@@ -36,15 +35,10 @@ LAUNCHES = ("once", "per-row")
 
 @dataclass
 class RunConfig:
-    model: str
+    model: Model  # the model, its call, dtype and device (ditgate.core.model)
     rows: list[Row]
-    request: Request
     out: Path | None = None
-    dtype: str = "float32"
-    device: str = "cpu"
     integration: Path | None = None
-    pipeline: str | None = None
-    trust_remote_code: bool = False
     timeout: float = 600.0
     resume: bool = False
     warmup: int = 0
@@ -92,25 +86,21 @@ def _versions() -> dict[str, str]:
             "python": sys.version.split()[0]}
 
 
-def preflight(cfg: RunConfig, model_path: Path, row: Row) -> str | None:
+def preflight(cfg: RunConfig, row: Row) -> str | None:
     """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.run.define.preflight)."""
     from ditgate.run.define import preflight as checks
 
-    return checks.why_not(row, model_path=model_path, request=cfg.request, device=cfg.device)
+    return checks.why_not(row, model_path=cfg.model.path, request=cfg.model.request, device=cfg.model.device)
 
 
 class Runner:
     def __init__(self, cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None):
-        from ditgate.core.loader import read_index, resolve
-
         self.cfg = cfg
+        self.model = cfg.model
         self.profile = profile  # ditgate.inspect.flops.profile.Profile at the request's size; counted when the report needs it
         check_options(cfg)
-        self.model_path = resolve(cfg.model)
-        if not modular.is_modular_folder(self.model_path):
-            read_index(self.model_path)  # a model_index.json that cannot be read is refused before any folder is made
-        modular.check(self.model_path, cfg.pipeline, cfg.trust_remote_code, cfg.request.call)  # before any folder
-        self.run_dir, self._lock = prepare(cfg, self.model_path, _versions)
+        self.model_path = cfg.model.path
+        self.run_dir, self._lock = prepare(cfg, _versions)
         self.states = {row.name: RowState(row) for row in cfg.rows}
         self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
         if cfg.launch not in LAUNCHES:
@@ -147,7 +137,7 @@ class Runner:
             if done:
                 self._record(self.states[row.name], done | {"resumed": True})
                 continue
-            reason = preflight(self.cfg, self.model_path, row)
+            reason = preflight(self.cfg, row)
             if reason:
                 self._error(row, f"not run: {reason}", preflight=True)
                 continue
@@ -160,7 +150,7 @@ class Runner:
         self._calibrate(later)
         self._sensitivity(later)
         self._cache_off()
-        if self.cfg.device.startswith("cuda"):
+        if self.model.device.startswith("cuda"):
             self._release()  # the groups' ranks need the GPU memory
         pending = [r for r in pending if r.world_size == 1 or not self._reference_failed(r)]
         for size in sorted({r.world_size for r in pending if r.world_size > 1}):
@@ -188,7 +178,7 @@ class Runner:
         from ditgate.run.judge.cache_off import twin
 
         for state in [s for s in self.states.values() if s.ran]:
-            row = twin(state.row, self.cfg.request.steps)
+            row = twin(state.row, self.model.request.steps)
             if row is not None and row.name not in self.states:
                 self.states[row.name] = RowState(row)
                 done = _done(self.run_dir, row, self.cfg.resume)
@@ -224,8 +214,7 @@ class Runner:
         if self.cfg.launch == "per-row":
             return None
         if self._pristine is None:
-            self._pristine = load_pristine(self.model_path, dtype=self.cfg.dtype, device=self.cfg.device,
-                                           pipeline=self.cfg.pipeline, trust_remote_code=self.cfg.trust_remote_code)
+            self._pristine = load_pristine(self.model)
             self._load_due = self._pristine.load_s
         return self._pristine
 
@@ -234,7 +223,7 @@ class Runner:
             self._pristine.release()
             self._pristine = None
             gc.collect()
-            if self.cfg.device.startswith("cuda"):
+            if self.model.device.startswith("cuda"):
                 import torch
 
                 torch.cuda.empty_cache()
@@ -247,7 +236,7 @@ class Runner:
         from ditgate.run.define.rows import CALIBRATION
 
         if CALIBRATION.name in self.states or not any(
-                uses_floor(m, self.cfg.dtype, self.gate_table()) for m in self._gated_modalities(later)):
+                uses_floor(m, self.model.dtype, self.gate_table()) for m in self._gated_modalities(later)):
             return
         self.states[CALIBRATION.name] = RowState(CALIBRATION)
         done = _done(self.run_dir, CALIBRATION, self.cfg.resume)
@@ -262,11 +251,9 @@ class Runner:
 
         try:
             pristine = self._pristine_pipeline()
-            outcome = run_row(row, self.model_path, self.cfg.request, dtype=self.cfg.dtype, device=self.cfg.device,
-                              integration=plugin.load(self.cfg.integration),
+            outcome = run_row(row, self.model, integration=plugin.load(self.cfg.integration),
                               warmup=self.cfg.warmup if warmup is None else warmup,
-                              repeats=self.cfg.repeats if repeats is None else repeats, pipeline=self.cfg.pipeline,
-                              trust_remote_code=self.cfg.trust_remote_code, pristine=pristine)
+                              repeats=self.cfg.repeats if repeats is None else repeats, pristine=pristine)
         except Exception as exc:  # noqa: BLE001 - recorded in the report
             self._error(row, f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), rank=0)
             return
@@ -279,16 +266,14 @@ class Runner:
 
         remaining = list(rows)
         while remaining:
-            job = {"model_path": str(self.model_path), "request": self.cfg.request.to_dict(),
-                   "rows": [r.to_dict() for r in remaining], "dtype": self.cfg.dtype, "device": self.cfg.device,
+            job = {"model": self.model.to_dict(), "rows": [r.to_dict() for r in remaining],
                    "integration": str(self.cfg.integration) if self.cfg.integration else None,
-                   "pipeline": self.cfg.pipeline, "trust_remote_code": self.cfg.trust_remote_code,
                    "warmup": self.cfg.warmup, "repeats": self.cfg.repeats, "run_dir": str(self.run_dir),
                    "group_dir": str(self.run_dir / "groups" / f"world{size}-{next(self._groups)}"),
                    "launch": self.cfg.launch}
             # on CPU the ranks are forked from this process and run on its pipeline (ditgate.run.exec.launch)
             pristine = None
-            if self.cfg.device == "cpu" and hasattr(os, "fork"):
+            if self.model.device == "cpu" and hasattr(os, "fork"):
                 try:
                     pristine = self._pristine_pipeline()
                 except Exception:  # noqa: BLE001 - torchrun's ranks meet the same error and report it per rank
@@ -348,7 +333,7 @@ class Runner:
                                         for s in self.states.values()):
             from ditgate.run.define.predict import profile_for
 
-            self.profile, note = profile_for(self.model_path, self.cfg.request, self.cfg.dtype)
+            self.profile, note = profile_for(self.model_path, self.model.request, self.model.dtype)
         from ditgate.run.define.rows import SENSITIVITY
 
         def is_check(state) -> bool:  # these two live in the verdicts, not in the table

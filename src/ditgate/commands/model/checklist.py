@@ -19,7 +19,7 @@ _MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from ditgate.commands.model.run import add_model_arguments
+    from ditgate.commands.model.options import add_model_arguments
 
     parser.add_argument("phase", metavar="PHASE", nargs="?",
                         help="checklist name(s), comma-separated (cache, cp, tp, ...), or a checklist file")
@@ -85,12 +85,10 @@ def main(args: argparse.Namespace) -> int:
         raise DitgateError("ditgate checklist: give PHASE and --model MODEL (or --validate / --list-checks)")
 
     from ditgate.checklists import RunOptions, load, run_checklists, write_filled
-    from ditgate.commands.model.run import build_request, device_and_dtype
+    from ditgate.commands.model.options import model_from
 
     checklists = [load(name) for name in _names(args.phase)]
-    device, dtype = device_and_dtype(args)
-    opts = RunOptions(model=args.model, request=build_request(args), dtype=dtype, device=device, integration=args.integration, pipeline=args.pipeline,
-                      trust_remote_code=args.trust_remote_code, out=args.out, timeout=args.timeout,
+    opts = RunOptions(model=model_from(args), integration=args.integration, out=args.out, timeout=args.timeout,
                       from_run=args.from_run)
     with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result
         filled = run_checklists(checklists, opts)

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.model.run import add_model_arguments, build_request, device_and_dtype
+from ditgate.commands.model.options import add_model_arguments, model_from
 from ditgate.core.errors import DitgateError
 
 HELP = "name the first module whose output differs between a row and its baseline (first transformer call)"
@@ -25,7 +25,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ditgate.core.loader import resolve
     from ditgate.run.define import rows as rows_mod
     from ditgate.run.diff.compare import DiffConfig, diff
     from ditgate.run.diff.report import markdown
@@ -39,11 +38,8 @@ def main(args: argparse.Namespace) -> int:
     if args.window < 0:
         raise DitgateError("--window must be >= 0")
     out = args.out or Path(f"{default_out(args.model)}-diff-{row.name}")
-    device, dtype = device_and_dtype(args)
-    cfg = DiffConfig(model_path=resolve(args.model), row=row, baseline=chosen[row.baseline],
-                     request=build_request(args), out=out, dtype=dtype, device=device,
-                     integration=args.integration, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
-                     timeout=args.timeout, window=args.window)
+    cfg = DiffConfig(model=model_from(args), row=row, baseline=chosen[row.baseline], out=out,
+                     integration=args.integration, timeout=args.timeout, window=args.window)
     report = diff(cfg)
     if args.json:
         print(json.dumps(json.loads((out / "diff.json").read_text()), indent=1))

@@ -12,7 +12,7 @@ HELP = "show a pipeline's anatomy (block lists, ForwardPattern, CFG calls, atten
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from ditgate.commands.model.run import add_model_arguments
+    from ditgate.commands.model.options import add_model_arguments
 
     add_model_arguments(parser)  # the call `ditgate run` makes: the tables describe the rows it will gate
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -38,16 +38,14 @@ def _check_writable(path: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     import contextlib
 
-    from ditgate.commands.model.run import build_request, device_and_dtype
+    from ditgate.commands.model.options import model_from
     from ditgate.inspect.anatomy import inspect_model, write_text_atomic
 
     if args.plan:
         _check_writable(Path(args.plan))
     # Libraries print progress and log lines while loading and running; keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
-        device, dtype = device_and_dtype(args)
-        anatomy = inspect_model(args.model, build_request(args), pipeline=args.pipeline,
-                                trust_remote_code=args.trust_remote_code, dtype=dtype, device=device)
+        anatomy = inspect_model(model_from(args))
     if args.plan:
         write_text_atomic(args.plan, anatomy.plan)
     if args.json:

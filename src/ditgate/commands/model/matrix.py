@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.model.run import add_integration_argument, add_model_arguments, build_request, device_and_dtype
+from ditgate.commands.model.options import add_integration_argument, add_model_arguments, model_from
 
 HELP = "acceptance matrix: speed and quality of cache presets, compile, quantization, CP and TP against a baseline"
 
@@ -35,19 +35,16 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.perf import acceptance
     from ditgate.perf import matrix as perf
 
-    device, dtype = device_and_dtype(args)
-    acceptance.check_options(args.tier, device, args.warmup, args.repeats, args.threads)
-    request = build_request(args)
-    chosen, profile, note = acceptance.plan_rows(args.model, request, dtype, args.tier, args.rows_file, args.rows)
+    model = model_from(args)
+    acceptance.check_options(args.tier, model.device, args.warmup, args.repeats, args.threads)
+    chosen, profile, note = acceptance.plan_rows(model, args.tier, args.rows_file, args.rows)
     if args.list_rows:
         for row in chosen:
             print(f"{row.name:<28} phase={row.phase or '-':<12} ranks={row.world_size}  {row.description}")
         return 0
     data, run_dir = acceptance.run_matrix(
-        args.model, chosen, profile, note, request=request, tier=args.tier, out=args.out, dtype=dtype, device=device,
-        warmup=args.warmup, repeats=args.repeats, threads=args.threads, pipeline=args.pipeline,
-        trust_remote_code=args.trust_remote_code, timeout=args.timeout, resume=args.resume,
-        integration=args.integration)
+        model, chosen, profile, note, tier=args.tier, out=args.out, warmup=args.warmup, repeats=args.repeats,
+        threads=args.threads, timeout=args.timeout, resume=args.resume, integration=args.integration)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:

@@ -104,7 +104,7 @@ def flops_summary(profile) -> dict[str, Any] | None:
             "cp_share": profile.shares()["cp"], "tp_share": profile.shares()["tp"]}
 
 
-def caveats(row: Row, result: dict[str, Any] | None, speedup: float | None, cfg) -> list[str]:
+def caveats(row: Row, result: dict[str, Any] | None, speedup: float | None, warmup: int, device: str) -> list[str]:
     """Why a measured speedup should not be read as a headline number (empty: nothing to say). A speedup above its
     ideal (the schedule's calls over computed calls, times the ranks) is not meaningful: the baseline was timed cold,
     or the timing is noise. Speedups measured without warm-up, or with more threads than the CPU has cores, are
@@ -119,9 +119,9 @@ def caveats(row: Row, result: dict[str, Any] | None, speedup: float | None, cfg)
         ideal = calls / (calls - cached) * row.cp_size * row.tp_size
         if speedup > ideal * 1.02:
             notes.append(f"not meaningful: {speedup:.2f}x is above its ideal {ideal:.2f}x (a cold baseline or noise)")
-    if not getattr(cfg, "warmup", 0):
+    if not warmup:
         notes.append("measured without warm-up: the first call pays one-off costs (pass --warmup 1)")
-    if str(getattr(cfg, "device", "cpu")).startswith("cpu") and row.world_size > 1:
+    if str(device).startswith("cpu") and row.world_size > 1:
         import os
 
         threads = int(os.environ.get("OMP_NUM_THREADS") or 1)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ditgate.core.errors import DitgateError
-from ditgate.core.request import Request
+from ditgate.core.model import Model
 from ditgate.run.diff.divergence import Recorder, capture, compare_summaries, exact_metrics
 from ditgate.run.define.rows import Row
 from ditgate.run.diff.report import BEFORE, WINDOW, write
@@ -34,16 +34,11 @@ from ditgate.run.diff.report import BEFORE, WINDOW, write
 
 @dataclass
 class DiffConfig:
-    model_path: Path
+    model: Model  # the model, its call, dtype and device (ditgate.core.model)
     row: Row
     baseline: Row
-    request: Request
     out: Path
-    dtype: str = "float32"
-    device: str = "cpu"
     integration: Path | None = None
-    pipeline: str | None = None
-    trust_remote_code: bool = False
     timeout: float = 600.0
     window: int = WINDOW
 
@@ -67,20 +62,19 @@ def _prepared(row: Row, cfg: dict[str, Any], local_rank: int = 0):
 
     from ditgate.core import plugin
     from ditgate.core.components import transformers_of
-    from ditgate.core.loader import load
     from ditgate.run.exec.execute import _device_for_rank, apply
     from ditgate.run.exec.isolation import ClassSnapshot
 
-    device = _device_for_rank(cfg["device"], local_rank)
+    model = Model.from_dict(cfg["model"])
+    device = _device_for_rank(model.device, local_rank)
     integration = plugin.load(cfg.get("integration"))
-    pipe = load(Path(cfg["model_path"]), dtype=cfg["dtype"], device=device, pipeline=cfg.get("pipeline"),
-                trust_remote_code=cfg.get("trust_remote_code", False))
+    pipe = model.load(device)
     unregister = None
     if integration is not None:
         unregister = integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
     snapshot, target = ClassSnapshot.of(pipe), None
     try:
-        target = apply(row, pipe, integration, Request(**cfg["request"]))
+        target = apply(row, pipe, integration, model.request)
         yield pipe
     finally:
         if target is not None and row.cache:
@@ -98,7 +92,7 @@ def _prepared(row: Row, cfg: dict[str, Any], local_rank: int = 0):
 
 def _record(row: Row, cfg: dict[str, Any], recorder: Recorder, local_rank: int = 0) -> Recorder:
     with _prepared(row, cfg, local_rank) as pipe:
-        return capture(pipe, Request(**cfg["request"]), recorder)
+        return capture(pipe, Model.from_dict(cfg["model"]).request, recorder)
 
 
 def _peak(device: str) -> dict[str, Any]:
@@ -139,9 +133,7 @@ def _load(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _job_config(cfg: DiffConfig) -> dict[str, Any]:
-    return {"model_path": str(cfg.model_path), "request": cfg.request.to_dict(), "dtype": cfg.dtype,
-            "device": cfg.device, "integration": str(cfg.integration) if cfg.integration else None,
-            "pipeline": cfg.pipeline, "trust_remote_code": cfg.trust_remote_code}
+    return {"model": cfg.model.to_dict(), "integration": str(cfg.integration) if cfg.integration else None}
 
 
 def _pass(cfg: DiffConfig, name: str, full: set[str], inputs: set[str]) -> tuple[dict, dict, dict, dict]:
@@ -151,7 +143,7 @@ def _pass(cfg: DiffConfig, name: str, full: set[str], inputs: set[str]) -> tuple
     job = _job_config(cfg)
     where = cfg.out / name
     base = _record(cfg.baseline, job, Recorder(full=set(full), inputs=set(inputs)))
-    _dump(where / "baseline", base, cfg.device)
+    _dump(where / "baseline", base, cfg.model.device)
     job.update(row=cfg.row.to_dict(), reference=str(where / "baseline" / "summaries.json"),
                full=sorted(full), inputs=sorted(inputs), result=str(where / "candidate"),
                group_dir=str(where / "group"))
@@ -183,7 +175,7 @@ def _candidate(job: dict[str, Any], rank: int, local_rank: int = 0) -> None:
                         split_dims=integration.cp_split_dims if integration is not None else None)
     _record(row, job, recorder, local_rank)
     if rank == 0:
-        _dump(Path(job["result"]), recorder, job["device"])
+        _dump(Path(job["result"]), recorder, job["model"]["device"])
 
 
 def _module_of(key: str) -> str:
@@ -193,7 +185,7 @@ def _module_of(key: str) -> str:
 def diff(cfg: DiffConfig) -> dict[str, Any]:
     """Both passes and the report files; returns the report (diff.json)."""
     start = time.perf_counter()
-    tol, source = tolerance(cfg.dtype)
+    tol, source = tolerance(cfg.model.dtype)
     cfg.out.mkdir(parents=True, exist_ok=True)
     b, c, _, _ = _pass(cfg, "summary", set(), set())
     lines = compare_summaries(b["summaries"], c["summaries"], tol)
@@ -201,7 +193,7 @@ def diff(cfg: DiffConfig) -> dict[str, Any]:
         line["gathered"] = c["notes"].get(line["module"], "")
     first = next((i for i, line in enumerate(lines) if line["diverged"]), None)
     report: dict[str, Any] = {
-        "row": cfg.row.name, "baseline": cfg.baseline.name, "dtype": cfg.dtype, "device": cfg.device,
+        "row": cfg.row.name, "baseline": cfg.baseline.name, "dtype": cfg.model.dtype, "device": cfg.model.device,
         "tolerance": {"rel_max_abs": tol, "source": source}, "modules": len(lines),
         "memory": {"baseline": b["peak_memory"], "candidate_rank0": c["peak_memory"],
                    "summaries_bytes": b["summary_bytes"], "full_outputs_bytes": b["full_bytes"]},
@@ -276,10 +268,8 @@ def diagnose(runner) -> None:
             continue
         out = runner.run_dir / "diff" / row.name
         runner.progress(f"diff {row.name}: recording every module of the first transformer call")
-        cfg = DiffConfig(model_path=runner.model_path, row=row, baseline=base.row, request=runner.cfg.request,
-                         out=out, dtype=runner.cfg.dtype, device=runner.cfg.device,
-                         integration=runner.cfg.integration, pipeline=runner.cfg.pipeline,
-                         trust_remote_code=runner.cfg.trust_remote_code, timeout=runner.cfg.timeout)
+        cfg = DiffConfig(model=runner.model, row=row, baseline=base.row, out=out,
+                         integration=runner.cfg.integration, timeout=runner.cfg.timeout)
         try:
             report = diff(cfg)
         except Exception as exc:  # noqa: BLE001 - a diagnosis that fails must not hide the verdict
@@ -325,7 +315,7 @@ def main(job_file: str) -> int:
 
         from ditgate.run.exec import compat
 
-        on_cuda = job["device"].startswith("cuda")
+        on_cuda = job["model"]["device"].startswith("cuda")
         if on_cuda:
             torch.cuda.set_device(local_rank)
         stage("init-process-group")

@@ -32,10 +32,10 @@ from ditgate.core import request as request_mod
 from ditgate.gates.calibration import OutputNoise
 from ditgate.core.errors import DitgateError
 from ditgate.run.exec.isolation import ClassSnapshot, Pristine
-from ditgate.core.loader import load
 from ditgate.core.plugin import Integration
 from ditgate.core.components import transformers_of
 from ditgate.run.exec.probes import Probes, compiled_modules, quantized_weights, sharded_weights
+from ditgate.core.model import Model
 from ditgate.core.request import Request
 from ditgate.run.exec.outputs import decoded
 from ditgate.run.define.configs import cache_config, parallelism_config, quantize_config
@@ -162,38 +162,33 @@ def generate(pipe, request: Request, probes: Probes, target=None):
         return pipe(**kwargs, generator=generator)
 
 
-def run_row(row: Row, model_path: Path, request: Request, *, dtype: str = "float32", device: str = "cpu",
-            integration: Integration | None = None, warmup: int = 0, repeats: int = 1, local_rank: int = 0,
-            pipeline: str | None = None, trust_remote_code: bool = False, on_stage=None,
-            pristine: Pristine | None = None) -> Outcome:
+def run_row(row: Row, model: Model, *, integration: Integration | None = None, warmup: int = 0, repeats: int = 1,
+            local_rank: int = 0, on_stage=None, pristine: Pristine | None = None) -> Outcome:
     """Copy the pristine pipeline (or load the model when there is none), apply `row`, generate `warmup + repeats`
     times; the last call's outputs are kept. `Outcome.overhead` says where the row's time outside the pipeline
     calls went: `load_s` (from disk), `restore_s` (the copy of the pristine pipeline), `setup_s` (applying the row,
     taking it off again); `generate_s` is the sum of every call, warm-up included."""
     with _compiler_settings(bool(row.compile)):
-        return _run_row(row, model_path, request, dtype=dtype, device=_device_for_rank(device, local_rank),
-                        integration=integration, warmup=warmup, repeats=repeats, pipeline=pipeline,
-                        trust_remote_code=trust_remote_code, stage=on_stage or (lambda name: None),
-                        pristine=pristine)
+        return _run_row(row, model, device=_device_for_rank(model.device, local_rank), integration=integration,
+                        warmup=warmup, repeats=repeats, stage=on_stage or (lambda name: None), pristine=pristine)
 
 
-def load_pristine(model_path: Path, *, dtype: str = "float32", device: str = "cpu", local_rank: int = 0,
-                  pipeline: str | None = None, trust_remote_code: bool = False) -> Pristine:
+def load_pristine(model: Model, *, local_rank: int = 0) -> Pristine:
     """The pipeline of a run, loaded once in this process, for every row that runs here (see isolation.Pristine)."""
-    device = _device_for_rank(device, local_rank)
+    device = _device_for_rank(model.device, local_rank)
     start = time.perf_counter()
-    pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
+    pipe = model.load(device)
     return Pristine(pipe, device, load_s=time.perf_counter() - start)
 
 
-def _run_row(row: Row, model_path: Path, request: Request, *, dtype: str, device: str,
-             integration: Integration | None, warmup: int, repeats: int, pipeline: str | None,
-             trust_remote_code: bool, stage, pristine: Pristine | None) -> Outcome:
+def _run_row(row: Row, model: Model, *, device: str, integration: Integration | None, warmup: int, repeats: int,
+             stage, pristine: Pristine | None) -> Outcome:
     began = time.perf_counter()
     overhead = {"load_s": 0.0, "restore_s": 0.0}
+    request = model.request
     if pristine is None:
         stage("load")
-        pipe = load(model_path, dtype=dtype, device=device, pipeline=pipeline, trust_remote_code=trust_remote_code)
+        pipe = model.load(device)
         overhead["load_s"] = time.perf_counter() - began
     else:
         stage("restore")

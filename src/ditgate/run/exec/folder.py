@@ -30,18 +30,8 @@ class RunFolderError(DitgateError):
 
 
 def check_options(cfg: Any) -> None:
-    """Refuse options a run cannot use, before anything is made: dtype, device, timeout, warm-up, repeats and the
-    integration file."""
-    from ditgate.core.loader import check_device, torch_dtype
-
-    try:
-        torch_dtype(cfg.dtype)
-    except ValueError as exc:
-        raise DitgateError(f"--dtype: {exc}") from None
-    try:
-        check_device(cfg.device)
-    except DitgateError as exc:
-        raise DitgateError(f"--{exc}") from None
+    """Refuse options a run cannot use, before anything is made: timeout, warm-up, repeats and the integration file
+    (the model's dtype and device were checked when it was opened: ditgate.core.model)."""
     timeout = cfg.timeout
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (0 < timeout < math.inf):
         raise DitgateError(f"--timeout must be a positive number of seconds, got {timeout!r}")
@@ -144,24 +134,25 @@ def default_out(model: str) -> Path:
     return Path("runs") / f"{stem}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def _identity(cfg: Any, model_path: Path) -> dict[str, Any]:
-    return {"model": cfg.model, "model_path": str(model_path), "request": cfg.request.to_dict(),
-            "dtype": cfg.dtype, "device": cfg.device, "integration": str(cfg.integration) if cfg.integration else None}
+def _identity(cfg: Any) -> dict[str, Any]:
+    m = cfg.model
+    return {"model": m.name, "model_path": str(m.path), "request": m.request.to_dict(), "dtype": m.dtype,
+            "device": m.device, "integration": str(cfg.integration) if cfg.integration else None}
 
 
-def check_resumable(run_dir: Path, cfg: Any, model_path: Path) -> None:
+def check_resumable(run_dir: Path, cfg: Any) -> None:
     """Raise RunFolderError unless the run in `run_dir` has the model, request, dtype, device and integration of
     `cfg` (rows are checked one by one, by fingerprint, when they are resumed)."""
     previous = read_run_json(run_dir)
-    changed = [k for k, v in _identity(cfg, model_path).items() if previous.get(k) != v]
+    changed = [k for k, v in _identity(cfg).items() if previous.get(k) != v]
     if changed:
         raise RunFolderError(f"cannot resume {run_dir}: {', '.join(changed)} differ from the run it holds")
 
 
-def prepare(cfg: Any, model_path: Path, versions) -> tuple[Path, FolderLock]:
+def prepare(cfg: Any, versions) -> tuple[Path, FolderLock]:
     """The run folder of `cfg` (a RunConfig), locked for this run; refused before anything is written in it.
     `versions()` gives the library versions recorded in run.json."""
-    run_dir = Path(cfg.out) if cfg.out else default_out(cfg.model)
+    run_dir = Path(cfg.out) if cfg.out else default_out(cfg.model.name)
     lock, created = open_folder(run_dir, cfg.resume)
     try:
         run_file = run_dir / "run.json"
@@ -169,10 +160,10 @@ def prepare(cfg: Any, model_path: Path, versions) -> tuple[Path, FolderLock]:
             if not cfg.resume:
                 raise RunFolderError(f"{run_dir} already holds a run; pass --resume to continue it, or choose "
                                      "another --out")
-            check_resumable(run_dir, cfg, model_path)
+            check_resumable(run_dir, cfg)
         elif any(p.name != LOCK for p in run_dir.iterdir()):
             raise RunFolderError(f"{run_dir} exists and is not a ditgate run folder")
-        store.write_json(run_file, _identity(cfg, model_path) | {"versions": versions(),
+        store.write_json(run_file, _identity(cfg) | {"versions": versions(),
                                                                  "rows": [r.to_dict() for r in cfg.rows]})
     except BaseException:
         abandon(run_dir, lock, created)

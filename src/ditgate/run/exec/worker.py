@@ -70,14 +70,15 @@ def serve(job: dict, rank: int, local_rank: int, pristine=None) -> int:
         from ditgate.run.exec import compat
         from ditgate.run.exec import execute
         from ditgate.core import plugin
-        from ditgate.core import request
+        from ditgate.core.model import Model
         from ditgate.run.define import rows
 
         from ditgate.core.logs import library_logs_to_stderr
 
         library_logs_to_stderr()
         stage("init-process-group")
-        on_cuda = job["device"].startswith("cuda")
+        model = Model.from_dict(job["model"])
+        on_cuda = model.device.startswith("cuda")
         if on_cuda:
             torch.cuda.set_device(local_rank)
         dist.init_process_group("cpu:gloo,cuda:nccl" if on_cuda else "gloo")
@@ -86,23 +87,18 @@ def serve(job: dict, rank: int, local_rank: int, pristine=None) -> int:
             compat.apply_cpu_patches()
         stage("load-integration")
         integration = plugin.load(job.get("integration"))
-        req = request.Request(**job["request"])
         run_dir = Path(job["run_dir"])
         # the group's start, paid by its first row: process starts, imports, process group
         once = {"launch_s": time.time() - job["launched_at"] if job.get("launched_at") else 0.0, "load_s": job.get("parent_load_s", 0.0)}
         if pristine is None and job.get("launch") != "per-row":
             stage("load")
-            pristine = execute.load_pristine(Path(job["model_path"]), dtype=job["dtype"], device=job["device"],
-                                             local_rank=local_rank, pipeline=job.get("pipeline"),
-                                             trust_remote_code=job.get("trust_remote_code", False))
+            pristine = execute.load_pristine(model, local_rank=local_rank)
             once["load_s"] = pristine.load_s
         for data in job["rows"]:
             row = rows.from_mapping({k: v for k, v in data.items() if k != "world_size"})
             current["row"] = row.name
-            outcome = execute.run_row(row, Path(job["model_path"]), req, dtype=job["dtype"], device=job["device"],
-                                      integration=integration, warmup=job["warmup"], repeats=job["repeats"],
-                                      local_rank=local_rank, pipeline=job.get("pipeline"),
-                                      trust_remote_code=job.get("trust_remote_code", False), on_stage=stage,
+            outcome = execute.run_row(row, model, integration=integration, warmup=job["warmup"],
+                                      repeats=job["repeats"], local_rank=local_rank, on_stage=stage,
                                       pristine=pristine)
             outcome.overhead["launch_s"] = once["launch_s"]
             outcome.overhead["load_s"] += once["load_s"]

@@ -93,24 +93,24 @@ def judge_row(runner, state) -> None:
     load = lambda name, key: store.load_array(runner.run_dir, name, key)
     modality, gates = state.result["modality"], runner.gate_table()
     def floor_for(phase: str) -> dict[str, Any]:  # the floor `phase`'s gate uses in this run
-        if reduced_precision(runner.cfg.dtype, gates):
+        if reduced_precision(runner.model.dtype, gates):
             return reduced_floor.row_floor(runner, phase, modality)
         return audio_floor(runner) if modality == "audio" else {}  # measured once, kept on the calibration row
 
     floor = floor_for(row.phase)
-    record, reasons = gated(row.phase, modality, base.row.name, row.name, load, dtype=runner.cfg.dtype, gates=gates,
+    record, reasons = gated(row.phase, modality, base.row.name, row.name, load, dtype=runner.model.dtype, gates=gates,
                             sample_rate=state.result.get("sample_rate"), floor=floor.get("used"))
     state.verdict = record | ({"floor": json_ready(floor)} if floor else {})
     state.reasons.extend(reasons)
     if row.cache and row.phase == "cache" and not record["passed"] and reasons:
         state.reasons.extend(_latents_only_hint(record))
-    if reduced_precision(runner.cfg.dtype, gates):
+    if reduced_precision(runner.model.dtype, gates):
         reduced_floor.judge_exact(runner, state, base.row.name, load)
-    cache_off.judge(state, base.row.name, runner.states.get(row.name + cache_off.SUFFIX), load, runner.cfg.dtype,
+    cache_off.judge(state, base.row.name, runner.states.get(row.name + cache_off.SUFFIX), load, runner.model.dtype,
                     gates)
     discrimination.judge(state, base.row.name, runner.states.get(SENSITIVITY.name), load, modality,
-                         dtype=runner.cfg.dtype, floor=floor.get("used"), gates=gates)
-    judge_also(state, runner.states, load, modality, dtype=runner.cfg.dtype, gates=gates,
+                         dtype=runner.model.dtype, floor=floor.get("used"), gates=gates)
+    judge_also(state, runner.states, load, modality, dtype=runner.model.dtype, gates=gates,
                floor_of=lambda phase: floor_for(phase).get("used"))
     for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
         state.proofs.append(proof.to_dict())

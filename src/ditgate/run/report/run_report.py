@@ -54,7 +54,8 @@ def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
         "times": result.get("times"),
         "speedup": (baseline_latency / latency) if latency and baseline_latency else None,
         "speedup_caveats": predict.caveats(state.row, result, (baseline_latency / latency) if latency and
-                                           baseline_latency else None, cfg),
+                                           baseline_latency else None, getattr(cfg, "warmup", 0),
+                                           cfg.model.device if cfg is not None else "cpu"),
         "prediction": predict.predict(state.row, result, base.result if base else None, profile),
         "peak_memory_bytes": (result.get("peak_memory") or {}).get("bytes"),
         "peak_memory_kind": (result.get("peak_memory") or {}).get("kind"),

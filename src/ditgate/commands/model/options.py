@@ -1,0 +1,71 @@
+"""The options every command that takes a model shares, and the one value they become.
+
+`add_model_arguments` adds the model and its REQUEST options (the call, seed, dtype, device, pipeline class,
+remote-code consent); `model_from(args)` resolves them once into a `ditgate.core.model.Model` that the command
+hands to everything after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ditgate.core import request as request_mod
+
+
+def bounded(low: int, high: int):
+    """An argparse type: a whole number from `low` to `high` (a size that would overflow is refused here)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {text}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = False) -> None:
+    """Arguments shared by every command that loads and runs a model (the model as `--model` when
+    `model_option`): one request object and one device/dtype default for all of them."""
+    parser.add_argument(*(["--model"] if model_option else ["model"]), help="model folder (with model_index.json) "
+                        "or zoo:NAME")
+    parser.add_argument("--pipeline", metavar="MODULE:CLASS", help="pipeline class, for models outside diffusers")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped in the model folder")
+    parser.add_argument("--height", type=bounded(1, 65536),
+                        help="image/video height (default: the zoo's or the pipeline's)")
+    parser.add_argument("--width", type=bounded(1, 65536), help="image/video width")
+    parser.add_argument("--frames", type=bounded(1, 100000), help="number of video frames, passed under the name "
+                        "the pipeline's __call__ uses (num_frames, video_length, ...)")
+    parser.add_argument("--steps", type=bounded(1, 100000), help="denoising steps (default: the folder's "
+                        "ditgate.json, else the pipeline's own default)")
+    parser.add_argument("--prompt", help="prompt (default: the folder's ditgate.json, or a fixed test prompt)")
+    parser.add_argument("--call", action="append", metavar="KEY=VALUE", help="a pipeline call argument (repeatable;"
+                        " VALUE is parsed as JSON, else taken as a string), e.g. --call guidance_scale=4.5")
+    parser.add_argument("--call-file", metavar="FILE", help="JSON or YAML mapping of pipeline call arguments "
+                        "(--call and the named options override it)")
+    parser.add_argument("--image", metavar="FILE", help="input image of an image-to-video, edit or control pipeline "
+                        "(default: a seeded test image when the pipeline needs one)")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16/bf16, float16/fp16 or auto (default: "
+                        "bfloat16 on a GPU, float32 on a CPU)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda when available)")
+
+
+def add_integration_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--integration", type=Path, metavar="FILE",
+                        help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
+
+
+def model_from(args: argparse.Namespace, name: str | None = None):
+    """The Model of the command's options (`name` instead of args.model when given): path, pipeline class, request
+    fitted to the pipeline's call, dtype and device, all resolved here (ditgate.core.model.Model.open)."""
+    from ditgate.core.model import Model
+
+    return Model.open(name or args.model, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
+                      dtype=args.dtype, device=args.device, call=request_mod.parse_call_options(args.call),
+                      call_file=args.call_file, prompt=args.prompt, height=args.height, width=args.width,
+                      frames=args.frames, steps=args.steps, seed=args.seed, image=args.image)
