@@ -13,6 +13,7 @@ folder (FAST); the full tier builds every component of every folder.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 from pathlib import Path
 
@@ -117,7 +118,14 @@ def test_index_names_installed_classes(folder):
     import diffusers
 
     index = _index(folder)
-    assert getattr(diffusers, index["_class_name"], None) is not None, index["_class_name"]
+    pipeline = getattr(diffusers, index["_class_name"], None)
+    assert pipeline is not None, index["_class_name"]
+    accepted = set(inspect.signature(pipeline.__init__).parameters) - {"self"}
+    named = {key for key in index if not key.startswith("_")}
+    assert named <= accepted, f"{pipeline.__name__} takes no {sorted(named - accepted)}"
+    missing = {name for name, p in inspect.signature(pipeline.__init__).parameters.items()
+               if name != "self" and p.default is inspect.Parameter.empty} - named
+    assert not missing, f"{pipeline.__name__} needs {sorted(missing)}"
     components = _components(folder)
     assert any(name == "transformer" for name, _, _ in components), "no transformer"
     for name, library, cls in components:
