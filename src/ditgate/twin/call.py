@@ -122,7 +122,9 @@ def _request(folder: Path, choice: Choice, pipeline, trust_remote_code) -> reque
     meta = read_json(meta_file, "twin") if meta_file.is_file() else {}
     meta["call"], meta["vae_tiling"] = choice.call, choice.vae_tiling
     meta_file.write_text(json.dumps(meta, indent=2) + "\n")
-    return request_mod.for_model(str(folder), pipeline=pipeline, trust_remote_code=trust_remote_code)
+    from ditgate.core.model import Model
+
+    return Model.open(str(folder), pipeline=pipeline, trust_remote_code=trust_remote_code, device="cpu", dtype="float32").request
 
 
 def _frame_key(params) -> str | None:
