@@ -40,9 +40,11 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _run(out, model, names, *, dtype=BF16, integration=None, steps=None, rows_list=rows.DEFAULT_ROWS, **size):
+def _run(out, model, names, *, dtype=BF16, integration=None, steps=None, rows_list=rows.DEFAULT_ROWS, twin="off",
+         **size):
+    """A run in `dtype`, judged by the floor alone unless `twin` says otherwise (tests/test_twin_rows.py)."""
     cfg = RunConfig(model=Model.open(str(model), dtype=dtype, steps=steps, **size), rows=rows.select(rows_list, names),
-                    out=out, integration=integration)
+                    out=out, integration=integration, twin=twin)
     return run(cfg, progress=lambda line: None)
 
 
@@ -136,9 +138,11 @@ def test_a_cache_row_failing_only_on_latents_says_what_to_try():
 @pytest.mark.parametrize("model", ["zoo:wan", "zoo:flux"])
 @pytest.mark.full
 def test_every_default_row_passes_in_bf16_against_the_floor(tmp_path, model):
-    report = _run(tmp_path / "run", model, None, steps=4)
+    report = _run(tmp_path / "run", model, None, steps=4, twin="auto")
     by_name = _rows(report)
     assert report["passed"], {r["name"]: r["reasons"] for r in report["rows"] if r["reasons"]}
+    twin = {r["name"]: r["twin"]["status"] for r in report["rows"] if r.get("twin")}  # the structure too, in float32
+    assert twin and set(twin.values()) == {"passed"}, twin
     calibration = by_name["calibration"]
     assert calibration["status"] == "reference" and calibration["metrics"]
     for row in report["rows"]:

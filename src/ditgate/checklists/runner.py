@@ -85,6 +85,7 @@ from ditgate.checklists.facts import check_fact
 class RunOptions:
     model: Any  # ditgate.core.model.Model: the model, its call, dtype and device
     integration: Path | None = None
+    twin: str = "auto"  # twin rows (ditgate.run.twinned)
     out: Path | None = None
     timeout: float = 600.0
     progress: Callable[[str], None] | None = None
@@ -225,7 +226,7 @@ class _Session:
         o = self.opts
         if o.from_run is not None:
             copy_finished_rows(Path(o.from_run), run_dir, [r.name for r in chosen])
-        cfg = RunConfig(model=o.model, rows=chosen, out=run_dir, integration=o.integration, timeout=o.timeout,
+        cfg = RunConfig(model=o.model, rows=chosen, out=run_dir, integration=o.integration, timeout=o.timeout, twin=o.twin,
                         resume=o.from_run is not None)
         self.ctx.report = run(cfg, progress=self.say)
         self.ctx.run_dir = Path(self.ctx.report["run_dir"])

@@ -107,10 +107,11 @@ def _model(model: str, opts: dict[str, Any], dtype: str, device: str):
 
 def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_size: int = 2, integration: str = "",
               dtype: str = "auto", device: str = "auto", gates: str = "", timeout: float = 600.0,
-              resume: bool = False, progress: Callable[[str], None] | None = print, **request_opts) -> dict[str, Any]:
+              resume: bool = False, progress: Callable[[str], None] | None = print, twin: str = "auto",
+              **request_opts) -> dict[str, Any]:
     """Run the phase's rows (or the named `rows` of `ditgate run`) in `out_dir/<phase>`; returns the report.
     `request_opts`: pipeline, trust_remote_code, call (a JSON object), call_file, image, height, width, frames,
-    steps, as the commands take them."""
+    steps, as the commands take them; `twin`: twin rows as `ditgate run --twin` (auto: in reduced precision)."""
     from ditgate.run.define import rows as rows_mod
     from ditgate.gates.verdicts import load_gates
     from ditgate.run.runner import RunConfig, run
@@ -121,7 +122,7 @@ def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_si
               else phase_rows(phase, world_size))
     cfg = RunConfig(model=_model(model, request_opts, dtype, device), rows=chosen, out=Path(out_dir) / phase,
                     integration=Path(integration) if integration else None, timeout=timeout, resume=resume,
-                    gates=Path(gates) if gates else None)
+                    gates=Path(gates) if gates else None, twin=twin)
     report = run(cfg, progress)
     report["gates"] = gates or "checklists/gates.json"
     return report

@@ -69,11 +69,11 @@ def plan_rows(model: Model, tier: str, rows_file: Path | None = None,
 
 def run_matrix(model: Model, chosen: list[Row], profile: Any, note: str | None, *, tier: str, out: Path | None,
                warmup: int, repeats: int, threads: int = 1, timeout: float = 600.0, resume: bool = False,
-               integration: Path | None = None) -> tuple[dict[str, Any], Path]:
+               integration: Path | None = None, twin: str = "auto") -> tuple[dict[str, Any], Path]:
     """Run the matrix rows; write matrix.md, matrix.json and the plot into the run folder; (matrix data, folder).
     Callers refuse bad options first (`check_options`), before the FLOP profile is counted. `integration`: the
     plugin file of a model cache-dit does not know (as for `ditgate run --integration`)."""
-    cfg = RunConfig(model=model, rows=chosen, out=out, integration=integration, timeout=timeout, resume=resume,
+    cfg = RunConfig(model=model, rows=chosen, out=out, integration=integration, timeout=timeout, resume=resume, twin=twin,
                     warmup=warmup, repeats=repeats)
     with cpu_threads(threads) if not model.device.startswith("cuda") else contextlib.nullcontext():
         report = run(cfg, profile=profile)

@@ -46,6 +46,8 @@ class RunConfig:
     gates: Path | None = None  # gate table to judge with; None: checklists/gates.json
     diff: bool = False  # a failed exact row gets a `ditgate diff` section (ditgate.run.diff.compare.diagnose)
     launch: str = "once"  # "once": load once per process, one group per world size; "per-row": see the docstring
+    twin: str = "auto"  # twin rows (ditgate.run.twinned): auto (when not float32), off, or only
+    twin_record: dict[str, Any] | None = None  # set on a run of the twin itself: what the twin is (the report's)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class RowState:
     reasons: list[str] = field(default_factory=list)
     measured: dict[str, Any] | None = None  # the calibration row: the noise floor it measured
     diff: dict[str, Any] | None = None  # a failed exact row: where it first departs from its baseline
+    twin: dict[str, Any] | None = None  # the twin's verdict on this row (ditgate.run.twinned.verdict)
 
     @property
     def ran(self) -> bool:
@@ -68,7 +71,8 @@ class RowState:
             return False
         if self.row.phase is None:
             return True
-        return bool(self.verdict and self.verdict["passed"]) and all(p["passed"] for p in self.proofs)
+        return (bool(self.verdict and self.verdict["passed"]) and all(p["passed"] for p in self.proofs)
+                and (self.twin is None or self.twin["status"] != "failed"))
 
 
 def _versions() -> dict[str, str]:
@@ -110,6 +114,7 @@ class Runner:
         self._pristine = None  # the pipeline loaded once in this process (launch="once")
         self._load_due = 0.0  # its load time, paid by the next row that runs on it
         self._groups = itertools.count(1)  # the groups' folders: groups/world{size}-{n}
+        self.twin_record = cfg.twin_record  # the twin rows' record (ditgate.run.twinned.run_twin)
 
     # -- running -------------------------------------------------------------------------------------------------
     def _announce(self, state: RowState) -> None:
@@ -131,6 +136,10 @@ class Runner:
         self._record(self.states[row.name], save_error(self.run_dir, row, {"message": message, **extra}))
 
     def run(self) -> dict[str, Any]:
+        from ditgate.run import twinned
+
+        if twinned.wanted(self.cfg.twin, self.model.dtype):  # structure first: the float32 twin, then the model
+            self.twin_record = twinned.run_twin(self.cfg, self.run_dir, run, self.progress)
         pending = []
         for row in self.cfg.rows:
             done = _done(self.run_dir, row, self.cfg.resume)
@@ -321,8 +330,11 @@ class Runner:
     def finish(self) -> dict[str, Any]:
         from ditgate.run.report import run_report as report
 
+        from ditgate.run import twinned
+
         for state in self.states.values():
             judge_row(self, state)
+        twinned.merge(self.states, self.twin_record)
         audio_floor(self)  # the calibration row's measurement shows in the report even without an audio row gated
         if self.cfg.diff:
             from ditgate.run.diff.compare import diagnose
@@ -341,7 +353,7 @@ class Runner:
 
         shown = [s for s in self.states.values() if not is_check(s)]
         checks = [s.result for s in self.states.values() if is_check(s) and s.ran]
-        return report.write(self.run_dir, self.cfg, shown,
+        return report.write(self.run_dir, self.cfg, shown, twin=self.twin_record,
                             wall_s=round(time.perf_counter() - self._start, 2), profile=self.profile,
                             profile_note=note, checks=checks)
 
@@ -359,6 +371,11 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=N
     """Run every row of `cfg` and write the report; returns the report (see ditgate.run.report.run_report).
 
     `profile`: the FLOP profile at the request's size when the caller has one (else counted when needed)."""
+    from ditgate.run import twinned
+
+    twinned.check_mode(cfg.twin)
+    if cfg.twin == "only":
+        return twinned.only(cfg, run, progress or (lambda line: print(line, file=sys.stderr, flush=True)))
     runner = Runner(cfg, progress, profile)
     try:
         return runner.run()

@@ -14,15 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ditgate.core.errors import DitgateError, UnknownZooModelError
-from ditgate.zoo import builders, modular_builders, modular_video, pipelines
+from ditgate.zoo import builders, modular_builders, modular_video, pipelines, publish
 
 ZOO_PREFIX = "zoo:"
 ZOO_FORMAT = 2  # bump when a builder changes, so cached folders are rebuilt
@@ -149,9 +146,7 @@ def _fingerprint(model: ZooModel, seed: int) -> str:
 
 def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
     """Build and save `model` into a fresh hidden folder under `parent`; removed again on any failure."""
-    parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{_folder_name(model)}.building.", dir=parent))
-    try:
+    def fill(staging: Path) -> None:
         pipe = model.build(seed)
         if _is_modular(pipe):  # its index then points at the folder the components are saved in
             pipe.save_pretrained(str(staging), safe_serialization=True, overwrite_modular_index=True)
@@ -161,20 +156,14 @@ def _stage(model: ZooModel, seed: int, parent: Path) -> Path:
         meta = {"zoo": model.name, "seed": seed, "modality": model.modality, "call": model.call,
                 "vae_tiling": model.vae_tiling, "format": ZOO_FORMAT}
         (staging / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return staging
+
+    return publish.staged(parent, _folder_name(model), fill)
 
 
 def _is_modular(pipe) -> bool:
     from diffusers import ModularPipeline
 
     return isinstance(pipe, ModularPipeline)
-
-
-def _has_index(folder: Path) -> bool:
-    return (folder / "model_index.json").is_file() or (folder / "modular_model_index.json").is_file()
 
 
 def _check_complete(folder: Path) -> None:
@@ -198,49 +187,23 @@ def build(name: str, directory: str | os.PathLike, seed: int = 0, overwrite: boo
     """Build zoo model `name` with `seed` into `directory`: the folder is complete, or left as it was."""
     model = get(name)
     target = Path(directory)
-    if target.exists() and not target.is_dir():
-        raise DitgateError(f"{target} is a file; give a folder to build the model in")
-    occupied = target.is_dir() and any(target.iterdir())
-    if occupied and not overwrite:
-        raise DitgateError(f"{target} exists and is not empty; use --overwrite to replace it")
-    if occupied and not _has_index(target):  # --overwrite replaces a model, nothing else
-        raise DitgateError(f"{target} holds files but no model (no model_index.json); --overwrite does not replace "
-                           "it: give an empty or new folder")
+    publish.check_target(target, overwrite)
     try:
         staging = _stage(model, seed, target.absolute().parent)
     except OSError as exc:
         raise DitgateError(f"cannot write the model into {target}: {exc.strerror or exc}") from None
-    if target.exists():
-        old = staging.with_name(staging.name + ".old")
-        target.rename(old)
-        staging.rename(target)
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-    else:
-        staging.rename(target)
-    return target
+    return publish.replace(staging, target)
 
 
 def materialize(spec: str, seed: int = 0) -> Path:
     """Folder of zoo model `spec` in the cache, built on first use (safe when several processes race)."""
     model = get(spec)
     target = cache_root() / f"{_folder_name(model)}-{_fingerprint(model, seed)}"
-    if _has_index(target):
+    if publish.has_index(target):
         return target
     if _distributed_rank() != 0:  # rank 0 builds; the others wait for its folder
-        deadline = time.monotonic() + 600
-        while not _has_index(target):
-            if time.monotonic() > deadline:
-                raise DitgateError(f"rank {_distributed_rank()} waited 600 s for rank 0 to build {target}")
-            time.sleep(0.5)
-        return target
-    staging = _stage(model, seed, target.parent)
-    try:
-        staging.rename(target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)  # another process published the same build first
-        if not _has_index(target):
-            raise
-    return target
+        return publish.wait_for(target, f"rank {_distributed_rank()}")
+    return publish.publish_once(_stage(model, seed, target.parent), target)
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:

@@ -29,6 +29,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, model_option=True)
     parser.add_argument("--integration", type=Path, metavar="FILE",
                         help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
+    from ditgate.commands.model.options import add_twin_argument
+
+    add_twin_argument(parser)
     parser.add_argument("--out", type=Path, help="run folder for the rows and the filled-in checklists (new or "
                         "empty; default: a new folder under runs/)")
     parser.add_argument("--from-run", type=Path, metavar="RUN",
@@ -88,7 +91,8 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.commands.model.options import model_from
 
     checklists = [load(name) for name in _names(args.phase)]
-    opts = RunOptions(model=model_from(args), integration=args.integration, out=args.out, timeout=args.timeout,
+    opts = RunOptions(model=model_from(args), integration=args.integration, twin=args.twin, out=args.out,
+                      timeout=args.timeout,
                       from_run=args.from_run)
     with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result
         filled = run_checklists(checklists, opts)

@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.model.options import add_integration_argument, add_model_arguments, model_from
+from ditgate.commands.model.options import (add_integration_argument, add_model_arguments, add_twin_argument,
+                                            model_from)
 
 HELP = "acceptance matrix: speed and quality of cache presets, compile, quantization, CP and TP against a baseline"
 
@@ -14,6 +15,7 @@ HELP = "acceptance matrix: speed and quality of cache presets, compile, quantiza
 def register(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     add_integration_argument(parser)
+    add_twin_argument(parser)
     parser.add_argument("--tier", default="A", type=str.upper, choices=["A", "B", "C"],
                         help="A: 1-2 devices (default); B adds 4-device rows; C adds 8-device rows and hybrid CP x TP")
     parser.add_argument("--rows", help="comma-separated row names of the tier (default: all); baselines are added")
@@ -44,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     data, run_dir = acceptance.run_matrix(
         model, chosen, profile, note, tier=args.tier, out=args.out, warmup=args.warmup, repeats=args.repeats,
-        threads=args.threads, timeout=args.timeout, resume=args.resume, integration=args.integration)
+        threads=args.threads, timeout=args.timeout, resume=args.resume, integration=args.integration,
+        twin=args.twin)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:

@@ -60,6 +60,13 @@ def add_integration_argument(parser: argparse.ArgumentParser) -> None:
                         help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
 
 
+def add_twin_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--twin", choices=("auto", "off", "only"), default="auto",
+                        help="twin rows (float32, on the CPU): auto (default) runs every structural row on the "
+                             "model's float32 twin too when the run is not float32, and a row passes only when both "
+                             "pass; only: the twin alone (the model's weights are not needed); off: never")
+
+
 def model_from(args: argparse.Namespace, name: str | None = None):
     """The Model of the command's options (`name` instead of args.model when given): path, pipeline class, request
     fitted to the pipeline's call, dtype and device, all resolved here (ditgate.core.model.Model.open)."""

@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.model.options import add_integration_argument, add_model_arguments, model_from
+from ditgate.commands.model.options import (add_integration_argument, add_model_arguments, add_twin_argument,
+                                            model_from)
 
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
@@ -21,6 +22,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "max_warmup_steps=4 residual_diff_threshold=0.05 Fn_compute_blocks=2, or mask=fast, "
                              "taylorseer=1)")
     add_integration_argument(parser)
+    add_twin_argument(parser)
     parser.add_argument("--out", type=Path, help="run folder (default: a new folder under runs/)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished rows")
     parser.add_argument("--timeout", type=float, default=600.0,
@@ -63,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
     model = model_from(args)
     cfg = RunConfig(model=model, rows=chosen, out=args.out, integration=args.integration, timeout=args.timeout,
                     resume=args.resume, warmup=_warmup(args.warmup, model.device), repeats=args.repeats,
-                    diff=not args.no_diff, launch=args.launch)
+                    diff=not args.no_diff, launch=args.launch, twin=args.twin)
     report = run(cfg)
     if args.json:
         print(json.dumps(report, indent=2, default=str))

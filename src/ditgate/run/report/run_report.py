@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from ditgate import __version__
-from ditgate.run.report import floor_report
+from ditgate.run.report import floor_report, twin_report
+from ditgate.run.report.grid import grid
 from ditgate.run.exec import files as store
 from ditgate.gates.verdicts import format_value, json_ready
 from ditgate.core.paths import checklists_dir
 
-AMPLIFY = 10.0
 SCHEMA = "report.schema.json"
 
 
@@ -63,6 +63,7 @@ def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
         "verdict": state.verdict,
         "proofs": state.proofs,
         "reasons": state.reasons,
+        "twin": getattr(state, "twin", None),
         "facts": result.get("facts"),
         "error": result.get("error"),
         "resumed": bool(result.get("resumed")),
@@ -76,7 +77,7 @@ OVERHEAD_PARTS = ("launch_s", "load_s", "restore_s", "setup_s")
 
 
 def time_summary(rows: list[dict[str, Any]], wall_s: float | None, launch: str | None,
-                 checks: list[dict[str, Any]] = ()) -> dict[str, Any]:
+                 checks: list[dict[str, Any]] = (), twin_s: float | None = None) -> dict[str, Any]:
     """Where the run's wall time went: the rows' generations, and the overhead by kind (rows resumed from an
     earlier run count neither); `checks`: the results of the rows the verdicts use but the table does not show
     (sensitivity, cache-off twins), whose generations count as generations (`checks_s` of them); `other_s`: judging,
@@ -88,8 +89,9 @@ def time_summary(rows: list[dict[str, Any]], wall_s: float | None, launch: str |
     ran += checks_ran
     generate = sum(r["generate_s"] for r in ran)
     parts = {k: sum((r.get("overhead") or {}).get(k, 0.0) for r in ran) for k in OVERHEAD_PARTS}
-    overhead = None if wall_s is None else wall_s - generate
-    return {"launch": launch, "generate_s": round(generate, 3),
+    twin_s = twin_s or 0.0  # the twin rows: a run of their own (RUN/twin), neither generations nor overhead here
+    overhead = None if wall_s is None else wall_s - generate - twin_s
+    return {"launch": launch, "generate_s": round(generate, 3), "twin_s": round(twin_s, 3),
             "checks_s": round(sum(r["generate_s"] for r in checks_ran), 3),
             "overhead_s": None if overhead is None else round(overhead, 3), **{k: round(v, 3) for k, v in parts.items()},
             "other_s": None if overhead is None else round(overhead - sum(parts.values()), 3),
@@ -97,7 +99,8 @@ def time_summary(rows: list[dict[str, Any]], wall_s: float | None, launch: str |
 
 
 def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
-          profile_note: str | None = None, checks: list[dict[str, Any]] = ()) -> dict[str, Any]:
+          profile_note: str | None = None, checks: list[dict[str, Any]] = (),
+          twin: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report of `states`; `profile` (ditgate.inspect.flops.profile.Profile) adds speedup predictions."""
     from ditgate.run.define import predict
 
@@ -117,10 +120,16 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
         "wall_s": wall_s,
         "flops": predict.flops_summary(profile),
         "prediction_note": profile_note,
-        "time": time_summary(rows, wall_s, getattr(cfg, "launch", None), checks),
+        "time": time_summary(rows, wall_s, getattr(cfg, "launch", None), checks, (twin or {}).get("wall_s")),
         "rows": rows,
         "produced_size": produced_size(run_dir, rows),
+        "twin": _public(twin),
     }
+
+
+def _public(twin: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The twin record as the report keeps it (the traceback of a twin that could not run stays out)."""
+    return None if twin is None else {k: v for k, v in twin.items() if k not in ("traceback", "verdicts")}
 
 
 def produced_size(run_dir: Path, rows: list[dict[str, Any]]) -> str | None:
@@ -201,6 +210,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"# ditgate run: {report['model']}",
         "",
         f"- verdict: **{'PASS' if report['passed'] else 'FAIL'}**",
+        *twin_report.headline(report),
         f"- size {_size_line(size, report.get('produced_size'))}, {steps_text(report['request'])}, seed "
         f"{report['request']['seed']}, {report['dtype']} on {report['device']}"
         + (f", input image {report['request']['image']}" if report["request"].get("image") else ""),
@@ -208,8 +218,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"- wall time {fmt(report.get('wall_s'), '.1f')} s",
         "",
         "| row | phase | ranks | latency (s) | speedup | predicted | PSNR (dB) | SSIM | worst tile SSIM | "
-        "max-abs (latents) | peak memory (MiB) | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "max-abs (latents) | peak memory (MiB) | twin | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         m = r["metrics"] or {}
@@ -225,7 +235,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"{fmt(r['speedup'], '.2f')}{far} | {fmt(prediction.get('predicted'), '.2f')} | {fmt(psnr, '.2f')} | "
             f"{fmt(ssim, '.4f')} | "
             f"{fmt(m.get('worst_tile_ssim'), '.4f')} | {fmt(m.get('max_abs'), '.2e')} | {fmt(mem, '.0f')} | "
-            f"{r['status'].upper()} |")
+            f"{twin_report.cell(r)} | {r['status'].upper()} |")
+    lines += twin_report.section(report)
     lines += _audio_lines(report)
     lines += floor_report.floor_lines(report)
     if report.get("frames_plot"):
@@ -282,7 +293,8 @@ def _time_lines(report: dict[str, Any]) -> list[str]:
     if t["overhead_s"] is not None:
         checks = (f" (the check rows not in this table, sensitivity and cache-off twins: {t['checks_s']:.1f} s)"
                   if t.get("checks_s") else "")
-        lines += ["", f"Run: wall {report['wall_s']:.1f} s = generations {t['generate_s']:.1f} s{checks} + overhead "
+        twin = f" + twin rows {t['twin_s']:.1f} s" if t.get("twin_s") else ""
+        lines += ["", f"Run: wall {report['wall_s']:.1f} s = generations {t['generate_s']:.1f} s{checks}{twin} + overhead "
                       f"{t['overhead_s']:.1f} s (launch {t['launch_s']:.1f}, load {t['load_s']:.1f}, restore "
                       f"{t['restore_s']:.1f}, setup {t['setup_s']:.1f}, judging and the rest {t['other_s']:.1f})."]
     return lines
@@ -313,64 +325,10 @@ def _metric_text(metric: str, value: Any) -> str:
     return value if isinstance(value, str) else format_value(metric, value)
 
 
-def _picture(array: np.ndarray | None, modality: str, frames: list[int] | None = None) -> np.ndarray | None:
-    """An image to draw: an image as it is, a video's `frames` side by side (default: its middle frame)."""
-    if array is None or modality == "audio":
-        return None
-    if modality == "video":
-        picks = [f for f in (frames or [len(array) // 2]) if 0 <= f < len(array)] or [len(array) // 2]
-        array = np.concatenate([array[f] for f in picks], axis=1)
-    array = np.nan_to_num(np.asarray(array, dtype=np.float32))
-    if array.ndim == 2:
-        array = np.repeat(array[..., None], 3, axis=-1)
-    return np.clip(array, 0, 1)
-
-
-def grid(run_dir: Path, report: dict[str, Any], frames: list[int] | None = None) -> Path | None:
-    """grid.png: top line the outputs, bottom line |row - its baseline| x AMPLIFY; None when nothing is drawable.
-    A video shows `frames` side by side (floor_report.grid_frames: first, chunk boundary, worst, last)."""
-    from PIL import Image, ImageDraw
-
-    cells = []
-    for r in report["rows"]:
-        if r["status"] == "error":
-            continue
-        modality = r["modality"] or "image"
-        out = _picture(store.load_array(run_dir, r["name"], "output"), modality, frames)
-        if out is None:
-            continue
-        ref = _picture(store.load_array(run_dir, r["baseline"], "output"), modality, frames) if r["baseline"] \
-            else None
-        diff = np.clip(np.abs(out - ref) * AMPLIFY, 0, 1) if ref is not None and ref.shape == out.shape else None
-        cells.append((r["name"], r["status"], out, diff))
-    if not cells:
-        return None
-    h, w = cells[0][2].shape[:2]
-    scale = max(1, 160 // max(h, w))
-    ch, cw, label = h * scale, w * scale, 16
-    canvas = Image.new("RGB", (cw * len(cells), 2 * (ch + label)), "white")
-    draw = ImageDraw.Draw(canvas)
-    for i, (name, status, out, diff) in enumerate(cells):
-        x = i * cw
-        colour = {"passed": (0, 120, 0), "failed": (200, 0, 0)}.get(status, (0, 0, 0))
-        draw.text((x + 2, 2), name[: cw // 6], fill=colour)
-        for j, image in enumerate((out, diff)):
-            if image is None or image.shape[:2] != (h, w):
-                continue
-            tile = Image.fromarray((image * 255).round().astype(np.uint8)).resize((cw, ch), Image.NEAREST)
-            canvas.paste(tile, (x, label + j * (ch + label)))
-        if diff is not None:
-            draw.text((x + 2, ch + label + 2), f"|diff| x{AMPLIFY:g}", fill=(0, 0, 0))
-    path = run_dir / "grid.png"
-    tmp = run_dir / ".grid.png.tmp"
-    canvas.save(tmp, format="PNG")
-    tmp.replace(path)
-    return path
-
-
 def write(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile=None,
-          profile_note: str | None = None, checks: list[dict[str, Any]] = ()) -> dict[str, Any]:
-    report = build(run_dir, cfg, states, wall_s, profile, profile_note, checks)
+          profile_note: str | None = None, checks: list[dict[str, Any]] = (),
+          twin: dict[str, Any] | None = None) -> dict[str, Any]:
+    report = build(run_dir, cfg, states, wall_s, profile, profile_note, checks, twin)
     series = floor_report.frame_series(run_dir, report)
     frames = None
     if series:

@@ -1,0 +1,179 @@
+"""The source of a twin, from its configs alone: the pipeline class and each component's class, kind and folder.
+
+The pipeline class and the remote-code rule are the loader's (`ditgate.core.loader.call_class`: `--pipeline
+module:Class`, `model_index.json`'s `_class_name`, code from the model folder only with `--trust-remote-code`); a
+modular folder is read by `ditgate.core.modular.from_pretrained`, which resolves its blocks and component specs
+without weights. A component is a model (a diffusers `ModelMixin` or a transformers `PreTrainedModel`: rebuilt from
+its config), a tokenizer or processor (its files are copied, or a stand-in is built when it has none), or anything
+else with a folder of configs (scheduler, feature extractor: copied as it is).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ditgate import zoo
+from ditgate.core import loader, modular
+from ditgate.core.examples import ensure_packages
+from ditgate.twin.meta import DIFFUSERS, TRANSFORMERS, Library, TwinError
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".onnx", ".h5")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model", "merges.txt", "spm.model", "vocab.model", "sentencepiece.model")
+
+
+@dataclass
+class Component:
+    name: str
+    entry: Any  # the index entry ([library, class] or the modular triple)
+    cls: type | None = None
+    kind: str = "none"  # "model" | "tokenizer" | "config" | "none"
+    library: Library | None = None
+    folder: Path | None = None  # its folder in the source (None when the index names no files for it)
+
+    @property
+    def class_name(self) -> str:
+        return self.cls.__name__ if self.cls is not None else "None"
+
+    @property
+    def has_tokenizer_files(self) -> bool:
+        return self.folder is not None and any((self.folder / f).is_file() for f in TOKENIZER_FILES)
+
+
+@dataclass
+class Source:
+    path: Path
+    modular: bool
+    index_name: str  # model_index.json or modular_model_index.json
+    index: dict[str, Any]
+    pipeline_cls: type
+    pipeline: str | None  # the --pipeline given
+    trust_remote_code: bool
+    components: dict[str, Component] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # the source's ditgate.json
+    blocks_modules: list[str] = field(default_factory=list)  # modules of a modular pipeline's blocks
+
+    @property
+    def spec(self) -> str:
+        return str(self.path)
+
+
+def read(model: str | Path, *, pipeline: str | None = None, trust_remote_code: bool = False) -> Source:
+    """The source at `model` (a folder or zoo:NAME), checked and resolved without reading a weight."""
+    path = loader.resolve(model)
+    meta = zoo.read_meta(path)
+    if modular.wants_modular(path, pipeline):
+        return _read_modular(path, pipeline, trust_remote_code, meta)
+    index = loader.read_index(path)
+    cls = loader.call_class(path, pipeline, trust_remote_code)
+    source = Source(path, False, "model_index.json", index, cls, pipeline, trust_remote_code, meta=meta)
+    for name, entry in index.items():
+        if name.startswith("_") or not isinstance(entry, (list, tuple)):
+            continue
+        if len(entry) != 2:
+            raise TwinError(f"{path / 'model_index.json'}: component {name} is {entry!r}, not a [library, class] pair")
+        source.components[name] = _component(path, name, entry, entry[0], entry[1], trust_remote_code)
+    return source
+
+
+def _read_modular(path: Path, pipeline: str | None, trust_remote_code: bool, meta: dict[str, Any]) -> Source:
+    pipe = modular.from_pretrained(path, pipeline, trust_remote_code)
+    index = modular.read_index(path) if modular.is_modular_folder(path) else loader.read_index(path)
+    source = Source(path, True, modular.MODULAR_INDEX if modular.is_modular_folder(path) else "model_index.json",
+                    index, type(pipe), pipeline, trust_remote_code, meta=meta)
+    source.blocks_modules = sorted({type(b).__module__ for b in _walk_blocks(pipe.blocks)})
+    for name, spec in pipe._component_specs.items():
+        entry = index.get(name)
+        if spec.default_creation_method != "from_pretrained" or not isinstance(entry, (list, tuple)):
+            continue  # made by the blocks from a config (guider, scheduler without files): nothing to copy
+        folder = path / (spec.subfolder or name)
+        component = Component(name, entry, cls=spec.type_hint, folder=folder if folder.is_dir() else None)
+        _classify(component)
+        source.components[name] = component
+    return source
+
+
+def _walk_blocks(blocks):
+    yield blocks
+    for child in (getattr(blocks, "sub_blocks", None) or {}).values():
+        yield from _walk_blocks(child)
+
+
+def _component(path: Path, name: str, entry, library, class_name, trust_remote_code: bool) -> Component:
+    component = Component(name, list(entry))
+    if library is None or class_name is None:
+        return component
+    folder = path / name
+    component.folder = folder if folder.is_dir() else None
+    component.cls = _class(path, name, str(library), str(class_name), trust_remote_code)
+    _classify(component)
+    if component.kind in ("model", "config") and component.folder is None:
+        raise TwinError(f"component {name} ({class_name}) has no folder in {path}: a twin needs its config")
+    return component
+
+
+def _class(path: Path, name: str, library: str, class_name: str, trust_remote_code: bool):
+    """The class of a component: from diffusers, transformers, an importable package, or (trusted) the folder."""
+    import diffusers.pipelines
+
+    if library in ("diffusers", "transformers"):
+        module = importlib.import_module(library)
+    elif hasattr(diffusers.pipelines, library):  # a diffusers pipeline module ("stable_audio"), as diffusers reads it
+        module = getattr(diffusers.pipelines, library)
+    else:
+        ensure_packages({name: [library, class_name]})
+        module = None
+        for candidate in (path / name / f"{library}.py", path / f"{library}.py"):
+            if candidate.is_file() and _not_installed(library):
+                if not trust_remote_code:
+                    raise TwinError(f"component {name} names {class_name} from {candidate}, code inside the model "
+                                    "folder; read it, then pass --trust-remote-code")
+                return loader._import_file_class(candidate, class_name)
+        try:
+            module = importlib.import_module(library)
+        except ImportError as exc:
+            raise TwinError(f"component {name}: cannot import {library!r} for {class_name} ({exc})") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise TwinError(f"component {name}: {library} has no class {class_name!r}")
+    return cls
+
+
+def _not_installed(library: str) -> bool:
+    try:
+        return importlib.util.find_spec(library.split(".")[0]) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def _classify(component: Component) -> None:
+    from diffusers import ModelMixin
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
+
+    cls = component.cls
+    if not isinstance(cls, type):
+        component.kind = "none" if cls is None else "config"
+        return
+    if issubclass(cls, ModelMixin):
+        component.kind, component.library = "model", DIFFUSERS
+    elif issubclass(cls, PreTrainedModel):
+        component.kind, component.library = "model", TRANSFORMERS
+    elif issubclass(cls, (PreTrainedTokenizerBase, ProcessorMixin)):
+        component.kind = "tokenizer"
+    else:
+        component.kind = "config"
+
+
+def config_files(path: Path) -> list[Path]:
+    """Every file of the source folder a twin is built from (weights and hidden files left out): what the cache
+    key hashes."""
+    files = []
+    for file in sorted(path.rglob("*")):
+        if file.is_file() and not file.name.endswith(WEIGHT_SUFFIXES) and ".safetensors.index" not in file.name \
+                and ".bin.index" not in file.name and "/." not in f"/{file.relative_to(path)}":
+            files.append(file)
+    return files
