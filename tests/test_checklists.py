@@ -10,7 +10,7 @@ import yaml
 from ditgate import checklists
 from ditgate.checklists import ChecklistError, check_fact, expect_holds, fact_values
 from ditgate.checklists.named import CHECKS
-from ditgate.core.paths import checklists_dir, repo_root
+from ditgate.core.paths import checklists_dir, data_root
 from ditgate.skill.markdown import parse
 from ditgate.skill.rules.phases import PHASES
 
@@ -33,13 +33,13 @@ def test_every_checklist_validates():
     found = {c.name: c for c in checklists.validate_all()}
     assert set(found) == EXPECTED
     for phase in PHASES:  # the linter's phase table names these files
-        assert (repo_root() / phase.checklist).is_file()
+        assert (data_root() / phase.checklist).is_file()
     for checklist in found.values():
         assert any(item.automated for item in checklist.items), checklist.name
 
 
 def test_every_reference_anchor_exists():
-    root = repo_root()
+    root = data_root()
     docs = {}
     for path in sorted(checklists_dir().glob("*.yaml")):
         for item in yaml.safe_load(path.read_text())["items"]:

@@ -139,7 +139,7 @@ def dry_checklist(argv: list[str]) -> int:
 
 
 def dry_notebook(argv: list[str]) -> int:
-    """What `ditgate notebook run NAME --model MODEL -p integration FILE` needs before papermill starts: the
+    """What `ditgate notebook run NAME MODEL -p integration FILE` needs before papermill starts: the
     notebooks exist, the model resolves, the integration file loads from this folder."""
     from ditgate.cli import build_parser
     from ditgate.core import plugin
@@ -148,7 +148,7 @@ def dry_notebook(argv: list[str]) -> int:
 
     args = build_parser().parse_args(argv)
     assert find(args.names)
-    resolve(args.model)
+    resolve(args.model or args.model_option)
     for key, value in args.parameter or []:
         if key == "integration":
             assert Path(value).is_file(), f"-p integration {value} does not resolve from {Path.cwd()}"

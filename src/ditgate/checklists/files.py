@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from ditgate.core.errors import DitgateError
 from ditgate.checklists.named import CHECKS
-from ditgate.core.paths import checklists_dir, repo_root
+from ditgate.core.paths import checklists_dir, data_root
 
 
 SCHEMA_FILE = "checklist.schema.json"
@@ -88,8 +88,8 @@ def _problem(path: Path, data: Any, loc: list, message: str) -> str:
 
 def _shown(path: Path) -> str:
     try:
-        return str(path.resolve().relative_to(repo_root()))
-    except (ValueError, FileNotFoundError):
+        return str(path.resolve().relative_to(data_root()))
+    except (ValueError, DitgateError):
         return str(path)
 
 
@@ -170,7 +170,7 @@ def _anchors(rel: str, cache: dict[str, set[str] | None]) -> set[str] | None:
     if rel not in cache:
         from ditgate.skill.markdown import parse
 
-        root = repo_root()
+        root = data_root()
         cache[rel] = parse(root / rel, root).anchors() if (root / rel).is_file() else None
     return cache[rel]
 

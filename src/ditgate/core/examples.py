@@ -13,18 +13,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ditgate.core.paths import repo_root
+from ditgate.core.errors import DitgateError
+from ditgate.core.paths import data_root
 
 
 def examples_dir() -> Path:
-    return repo_root() / "examples"
+    return data_root() / "examples"
 
 
 def ships(package: str) -> bool:
     """Whether `examples/` holds a package of this name."""
     try:
         return (examples_dir() / package / "__init__.py").is_file()
-    except FileNotFoundError:  # ditgate installed without its repository
+    except DitgateError:  # ditgate installed without its data files
         return False
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from ditgate.core.errors import DitgateError
-from ditgate.core.paths import repo_root
+from ditgate.core.paths import data_root
 
 
 class GateFailed(DitgateError):
@@ -52,7 +52,7 @@ ROW_PHASE = {"final": "hybrid", "audio": "cache"}
 
 
 def notebooks_dir() -> Path:
-    return repo_root() / "notebooks"
+    return data_root() / "notebooks"
 
 
 def find(names: str) -> list[Notebook]:

@@ -6,13 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ditgate.core.errors import DitgateError
+from ditgate.core.paths import DATA_PARTS, PACKAGED
 from ditgate.skill.markdown import Document, parse
 
 SKILL_FILE = "SKILL.md"
 REFERENCES = "references"
 # What a skill installation holds (see `ditgate.skill.install`). Links are copied as they are, so every relative
 # link of the skill must stay inside these parts.
-INSTALLED_PARTS: tuple[str, ...] = (SKILL_FILE, REFERENCES, "checklists", "notebooks", "examples")
+INSTALLED_PARTS: tuple[str, ...] = DATA_PARTS
 
 
 class SkillRootError(DitgateError, FileNotFoundError):
@@ -44,8 +45,10 @@ class Skill:
 
     @property
     def is_source_tree(self) -> bool:
-        """A project checkout (the skill lives at its root) rather than an installed skill folder."""
-        return (self.root / "pyproject.toml").exists() or (self.root / ".git").exists()
+        """A project checkout (the skill lives at its root) or the copy an installed ditgate ships, rather than an
+        installed skill folder."""
+        return (self.root / "pyproject.toml").exists() or (self.root / ".git").exists() or \
+            self.root.resolve() == PACKAGED
 
     def exists(self, rel: str) -> bool:
         return (self.root / rel).exists()

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from ditgate.core.errors import DitgateError
-from ditgate.core.paths import repo_root
+from ditgate.core.paths import data_root
 from ditgate.skill.base import INSTALLED_PARTS, SKILL_FILE
 from ditgate.skill.markdown import split_frontmatter
 from ditgate.skill.spec import NAME_PATTERN
@@ -46,8 +46,8 @@ class InstallResult:
 def default_source() -> Path:
     """The repository this package runs from, when it holds the skill; else the current folder."""
     try:
-        repo = repo_root()
-    except FileNotFoundError:
+        repo = data_root()
+    except DitgateError:
         return Path.cwd()
     return repo if (repo / SKILL_FILE).is_file() else Path.cwd()
 

@@ -1,4 +1,4 @@
-"""`ditgate notebook run PHASE|all --model MODEL`: execute the phase notebooks with papermill, in order.
+"""`ditgate notebook run PHASE|all MODEL` (or `--model MODEL`): execute the phase notebooks with papermill, in order.
 
 `ditgate notebook list` prints the notebooks and their parameters. Exit status of `run`: 0 when every notebook
 passed, 1 when one failed (its gate) or raised, 2 on bad input.
@@ -20,7 +20,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     run.add_argument("names", metavar="PHASE|all",
                      help="all (the integration route 00-70), or phases / notebook names, comma-separated "
                           "(inspect, baseline, cache, cp, tp, tep, vaep, final, perf_matrix, audio; or 30_cp)")
-    run.add_argument("--model", required=True, help="model folder (with model_index.json) or zoo:NAME")
+    run.add_argument("model", nargs="?", metavar="MODEL", help="model folder (with model_index.json) or zoo:NAME")
+    run.add_argument("--model", dest="model_option", metavar="MODEL", help="the same as MODEL (kept for old scripts)")
     run.add_argument("--out", type=Path, help="results folder (default: a new folder under runs/)")
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                      help="a notebook parameter (typed as the notebook declares it), e.g. -p steps 4; repeatable")
@@ -44,10 +45,15 @@ def main(args: argparse.Namespace) -> int:
 
     if args.action == "list":
         return _list()
+    if args.model and args.model_option and args.model != args.model_option:
+        raise DitgateError(f"two models given: {args.model} and --model {args.model_option}; give one")
+    args.model = args.model or args.model_option
+    if not args.model:
+        raise DitgateError("no model: give it after the notebooks, e.g. `ditgate notebook run cp zoo:flux`")
     given = dict(args.parameter)
     for reserved in ("model", "out"):
         if reserved in given:
-            raise DitgateError(f"give {reserved} as --{reserved}, not -p {reserved}")
+            raise DitgateError(f"give {reserved} as {'MODEL' if reserved == 'model' else '--out'}, not -p {reserved}")
     out = Path(args.out) if args.out else results_dir("", args.model)
     outcomes = run_notebooks(find(args.names), out, {"model": args.model, **given}, kernel=args.kernel,
                              keep_going=args.keep_going)

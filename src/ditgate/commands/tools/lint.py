@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 HELP = "lint the skill (SKILL.md, references/): spec, links, routes, phases, gates, API names, commands"
 
@@ -14,13 +15,20 @@ def _rules(value: str) -> list[str]:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("root", nargs="?", default=".", help="the skill's folder (default: the current folder)")
+    parser.add_argument("root", nargs="?", help="the skill's folder (default: the current folder when it holds "
+                        "SKILL.md, else the skill ditgate runs from: its checkout or its installed copy)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--disable", type=_rules, action="extend", default=[], metavar="RULE[,RULE]",
                         help="do not run these rules")
     parser.add_argument("--warn", type=_rules, action="extend", default=[], metavar="RULE[,RULE]",
                         help="report these rules' findings as warnings (they do not fail the run)")
     parser.add_argument("--list-rules", action="store_true", help="list the rules and exit")
+
+
+def _default_root() -> Path:
+    from ditgate.core.paths import data_root
+
+    return Path.cwd() if (Path.cwd() / "SKILL.md").is_file() else data_root()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -34,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
     for library in ("TRANSFORMERS", "DIFFUSERS"):        # the `api` rule imports them; keep their notices out
         os.environ.setdefault(f"{library}_VERBOSITY", "error")
     config = LintConfig(disabled=frozenset(args.disable), severity={rule: WARNING for rule in args.warn})
-    report = lint(args.root, config)
+    report = lint(args.root or _default_root(), config)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
