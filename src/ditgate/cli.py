@@ -8,7 +8,9 @@ Modules import heavy libraries (torch, diffusers, cache-dit) inside `main`, so `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import io
 import importlib
 import pkgutil
 import signal
@@ -16,6 +18,7 @@ import sys
 import threading
 
 from ditgate import __version__, commands
+from ditgate.core import logs
 from ditgate.core.errors import DitgateError
 
 
@@ -41,7 +44,27 @@ def build_parser() -> argparse.ArgumentParser:
         child = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.register(child)
         child.set_defaults(func=module.main)
+        _add_verbosity(child)
     return parser
+
+
+def _add_verbosity(parser: argparse.ArgumentParser) -> None:
+    """-q / -v on a command and on each of its actions (`zoo list -q`)."""
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if subparsers:
+        for child in subparsers[0].choices.values():
+            _add_verbosity(child)
+        return
+    group = parser.add_argument_group("output")
+    group.add_argument("-q", "--quiet", action="count", default=argparse.SUPPRESS,
+                       help="print nothing when the command succeeds (its output and progress are shown on failure; "
+                            "--json output is always printed); library messages: errors only")
+    group.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                       help="show library warnings (-v) and library info lines (-vv) as they come")
+
+
+def _verbosity(args: argparse.Namespace) -> int:
+    return getattr(args, "verbose", 0) - getattr(args, "quiet", 0)
 
 
 class Terminated(KeyboardInterrupt):
@@ -62,6 +85,21 @@ def _os_error(exc: OSError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    level = _verbosity(args)
+    logs.set_verbosity(level)
+    held = io.StringIO() if level < 0 and not getattr(args, "json", False) else None
+    code = 2
+    try:
+        with contextlib.redirect_stdout(held) if held is not None else contextlib.nullcontext():
+            code = _run(args)
+    finally:
+        if held is not None and code != 0:
+            sys.stdout.write(held.getvalue())
+            sys.stdout.flush()
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)

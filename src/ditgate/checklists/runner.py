@@ -18,11 +18,11 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ditgate.core import logs
 from ditgate.checklists.context import Context, NamedCheck, Outcome
 from ditgate.checklists.named import CHECKS
 from ditgate.checklists.files import Checklist, ChecklistError, Item
@@ -250,7 +250,7 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
         check_resumable(Path(opts.from_run), RunConfig(model=opts.model, rows=[], integration=opts.integration))
     ctx = Context(model=opts.model, integration_path=opts.integration)
     session = _Session(opts, ctx, [(c, i) for c in checklists for i in c.items if i.automated],
-                       opts.progress or (lambda line: print(line, file=sys.stderr, flush=True)))
+                       opts.progress or logs.progress)
     session.inspect()
     session.run_named(lambda check: not check.rows and not check.mutates)
     ctx.drop_pipe()

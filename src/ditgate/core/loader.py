@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ditgate import zoo
+from ditgate.core import logs
 from ditgate.core import modular
 from ditgate.core.examples import ensure_packages
 from ditgate.core.errors import DitgateError, ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
@@ -239,8 +240,8 @@ def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = 
     path = resolve(model)
     if modular.wants_modular(path, pipeline):
         with _offline():
-            return modular.load(path, torch_dtype(dtype), device, pipeline=pipeline,
-                                trust_remote_code=trust_remote_code)
+            return logs.quiet_pipeline(modular.load(path, torch_dtype(dtype), device, pipeline=pipeline,
+                                                    trust_remote_code=trust_remote_code))
     index = read_index(path)
     ensure_packages(index)  # zoo:tinymm's package lives in the repository's examples/ folder
     remote = _remote_files(path, index)
@@ -259,4 +260,4 @@ def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = 
     for component in getattr(pipe, "components", {}).values():
         if hasattr(component, "eval"):
             component.eval()
-    return pipe
+    return logs.quiet_pipeline(pipe)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
+from ditgate.core import logs
 from ditgate.run.exec import files as store
 from ditgate.notebooks.catalog import GateFailed, Notebook, NotebookError
 
@@ -90,7 +90,7 @@ def run_notebooks(notebooks: list[Notebook], out_dir: Path, given: dict[str, str
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
-    progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    progress = progress or logs.progress
     kernel_name = choose_kernel(kernel)
     unknown = set(given) - {k for nb in notebooks for k in parameters(nb)}
     if unknown:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ditgate.core import logs
 from ditgate.run.exec import files as store
 from ditgate.run.judge.gating import audio_floor, judge_row
 from ditgate.core.errors import DitgateError
@@ -106,7 +107,7 @@ class Runner:
         self.model_path = cfg.model.path
         self.run_dir, self._lock = prepare(cfg, _versions)
         self.states = {row.name: RowState(row) for row in cfg.rows}
-        self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.progress = progress or logs.progress
         if cfg.launch not in LAUNCHES:
             raise DitgateError(f"unknown launch {cfg.launch!r}; known: {', '.join(LAUNCHES)}")
         self._finished = 0
@@ -375,7 +376,7 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=N
 
     twinned.check_mode(cfg.twin)
     if cfg.twin == "only":
-        return twinned.only(cfg, run, progress or (lambda line: print(line, file=sys.stderr, flush=True)))
+        return twinned.only(cfg, run, progress or logs.progress)
     runner = Runner(cfg, progress, profile)
     try:
         return runner.run()

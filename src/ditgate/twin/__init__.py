@@ -17,10 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+from ditgate.core import logs
 from ditgate.twin.assemble import FORMAT
 from ditgate.twin.summary import Twin
 
@@ -30,7 +30,7 @@ __all__ = ["FORMAT", "Twin", "build", "cache_root", "cached", "key"]
 def _log(quiet: bool):
     def log(message: str) -> None:
         if not quiet:
-            print(f"twin: {message}", file=sys.stderr, flush=True)
+            logs.progress(f"twin: {message}")
     return log
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 HELP = "lint the skill (SKILL.md, references/): spec, links, routes, phases, gates, API names, commands"
@@ -39,8 +38,6 @@ def main(args: argparse.Namespace) -> int:
         for rule in RULES:
             print(f"{rule.id:<{width}}  {rule.severity:<7}  {rule.summary}")
         return 0
-    for library in ("TRANSFORMERS", "DIFFUSERS"):        # the `api` rule imports them; keep their notices out
-        os.environ.setdefault(f"{library}_VERBOSITY", "error")
     config = LintConfig(disabled=frozenset(args.disable), severity={rule: WARNING for rule in args.warn})
     report = lint(args.root or _default_root(), config)
     if args.json:
