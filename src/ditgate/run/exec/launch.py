@@ -2,7 +2,9 @@
 
 On CPU the ranks are forked from the run's own process when it holds the pristine pipeline (`pristine=`): they
 inherit its imports and its weights, so a group starts in well under a second. Elsewhere (CUDA, which a forked
-process cannot use once its parent has touched it, and `--launch per-row`) torchrun starts them.
+process cannot use once its parent has touched it, and `--launch per-row`) torchrun starts them. A CPU group on a
+machine that has a GPU (a reduced-precision run's twin rows) is started by torchrun with no GPU visible: cache-dit
+places its meshes on the GPU whenever one is visible, and a process forked after its parent used CUDA cannot.
 
 A group ends when torchrun exits, or when no rank has moved to a new stage for `timeout` seconds: then the whole
 process group is killed and the ranks' last stages are reported (a rank stuck in a collective waits at the stage
@@ -169,6 +171,8 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
     # torchrun dies with this process (ditgate.run.exec.lifeline), and its ranks with torchrun
     cmd = lifeline.command(os.getpid(), [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                          f"--nproc_per_node={world_size}", "-m", module, str(job_file)])
+    if _on_cpu_beside_gpu(job):
+        env["CUDA_VISIBLE_DEVICES"], pristine = "", None
     with open(log_file, "ab") as log:
         if pristine is not None:
             proc = _Forked(job, world_size, pristine, log)
@@ -195,6 +199,15 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
                         stages=_read_all(group_dir, world_size, status_path),
                         log_tail=_tail(log_file),
                         exits=getattr(proc, "exits_seen", None) or getattr(proc, "exits", None) or _exits(log_file))
+
+
+def _on_cpu_beside_gpu(job: dict[str, Any]) -> bool:
+    """True for a CPU group in a process that can see a GPU (asking does not initialise CUDA)."""
+    if str(job.get("model", {}).get("device", "cpu")).startswith("cuda") or "torch" not in sys.modules:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _exits(log_file: Path) -> dict[int, int]:
