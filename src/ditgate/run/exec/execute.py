@@ -291,9 +291,10 @@ def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
         "generate_s": outcome.overhead.get("generate_s"),
         "overhead": {k: round(v, 4) for k, v in outcome.overhead.items() if k != "generate_s"},
     }
-    files = {}
+    files = store.viewable(outcome.output, outcome.modality)
     if outcome.modality == "audio" and outcome.sample_rate and np.isfinite(outcome.output).all():
         files[WAV_FILE] = audio.wav_bytes(outcome.output, outcome.sample_rate)
+    result["media"] = sorted(files)
     store.save_row(run_dir, row.name, result,
                    {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise,
                     "first_step": outcome.first_step}, files)

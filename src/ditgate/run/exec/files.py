@@ -5,6 +5,8 @@
     RUN/rows/NAME/latents.npy         final latents (after the last step), when the pipeline exposes them
     RUN/rows/NAME/noise.npy           initial noise (the first transformer input, one copy of a batched-CFG input)
     RUN/rows/NAME/first_step.npy      the transformer's output at its first call (the first-step check)
+    RUN/rows/NAME/output.png          image rows: the image as 8-bit RGB (to look at)
+    RUN/rows/NAME/output.mp4          video rows: the frames at VIDEO_FPS (output.gif where no MP4 encoder is installed)
     RUN/rows/NAME/output.wav          audio rows: the waveform as 16-bit PCM at the VAE's sample rate (to listen to)
     RUN/rows/NAME/result.json         written last: its presence means the row finished
     RUN/report.json, report.md, grid.png
@@ -114,3 +116,61 @@ def outputs_readable(run_dir: Path, name: str) -> bool:
 def load_array(run_dir: Path, name: str, key: str) -> np.ndarray | None:
     path = row_dir(run_dir, name) / f"{key}.npy"
     return np.load(path) if path.is_file() else None
+
+
+VIDEO_FPS = 8  # the frame rate of a row's video file (a tiny model's few frames stay visible)
+
+
+def to_uint8(array: np.ndarray) -> np.ndarray:
+    """An output in [0, 1] as 8-bit values, rounded (what output.png holds)."""
+    return np.round(np.clip(np.nan_to_num(np.asarray(array, dtype=np.float64)), 0.0, 1.0) * 255).astype(np.uint8)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """An image (HWC or HW, float in [0, 1]) as a PNG file."""
+    import io
+
+    from PIL import Image
+
+    pixels = to_uint8(image)
+    if pixels.ndim == 3 and pixels.shape[-1] == 1:
+        pixels = pixels[..., 0]
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def video_bytes(frames: np.ndarray, fps: int = VIDEO_FPS) -> tuple[str, bytes]:
+    """A video (FHWC, float in [0, 1]) as (file name, content): an MP4 through diffusers' `export_to_video` where
+    imageio finds an ffmpeg, else a GIF through `export_to_gif`."""
+    import tempfile
+
+    from diffusers.utils import export_to_gif, export_to_video
+    from PIL import Image
+
+    pixels = to_uint8(frames)
+    with tempfile.TemporaryDirectory(prefix="ditgate-video-") as folder:
+        try:
+            import imageio
+
+            imageio.plugins.ffmpeg.get_exe()
+            path = Path(folder) / "output.mp4"
+            # whole frames in [0, 1] (export_to_video scales by 255), no resizing to macro blocks
+            export_to_video([p.astype(np.float32) / 255 for p in pixels], str(path), fps=fps, macro_block_size=1)
+        except (ImportError, AttributeError, RuntimeError):
+            path = Path(folder) / "output.gif"
+            export_to_gif([Image.fromarray(p) for p in pixels], str(path), fps=fps)
+        return path.name, path.read_bytes()
+
+
+def viewable(output: np.ndarray, modality: str) -> dict[str, bytes]:
+    """The file a person opens for a row's output: output.png for an image, output.mp4 (or .gif) for a video; {}
+    for other modalities (audio's WAV needs its sample rate: ditgate.run.exec.audio) or an output with NaN/Inf."""
+    if output is None or not np.isfinite(output).all():
+        return {}
+    if modality == "image":
+        return {"output.png": png_bytes(output)}
+    if modality == "video":
+        name, data = video_bytes(output)
+        return {name: data}
+    return {}

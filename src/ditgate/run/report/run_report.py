@@ -66,6 +66,7 @@ def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
         "twin": getattr(state, "twin", None),
         "facts": result.get("facts"),
         "error": result.get("error"),
+        "media": [f"rows/{state.row.name}/{name}" for name in result.get("media") or []],
         "resumed": bool(result.get("resumed")),
         "diff": state.diff,
         "generate_s": result.get("generate_s"),  # every pipeline call of the row, warm-up included
@@ -243,6 +244,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Video frames (per-frame PSNR and SSIM; the calibration row, when it ran, is the floor)", "",
                   f"![per-frame PSNR and SSIM]({report['frames_plot']})"]
     lines += _time_lines(report)
+    media = [r for r in report["rows"] if r.get("media")]
+    if media:
+        lines += ["", "## Outputs to open", ""]
+        lines += [f"- {r['name']}: " + ", ".join(f"[{Path(m).name}]({m})" for m in r["media"]) for r in media]
     failures = [r for r in report["rows"] if r["reasons"]]
     if failures:
         lines += ["", "## Why rows failed", ""]
