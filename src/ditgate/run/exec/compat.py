@@ -6,7 +6,7 @@ Applied only in parallel workers on CPU, never on GPU, never elsewhere. Each pat
 1. ring attention asks for `aten::_scaled_dot_product_flash_attention` (for its log-sum-exp), which has no CPU kernel:
    register one that calls `_scaled_dot_product_flash_attention_for_cpu`.
 2. TP / TE-P / VAE-P planners build their mesh from `torch.accelerator.current_accelerator().type`, and that is
-   None on a CPU-only machine: answer `cpu`.
+   None on a CPU-only machine (and `cuda` for a CPU worker on a GPU machine, a twin's rank): answer `cpu`.
 3. the ring merge calls a fused Triton/CuTe kernel that does not run on CPU: setting it to None selects
    cache-dit's own PyTorch merge.
 4. Wan / Helios / LTX TP use a `DistributedRMSNorm` whose forward asserts the tensor is not on CPU: the same
@@ -74,7 +74,8 @@ def apply_cpu_patches() -> list[str]:
     _library.impl("_scaled_dot_product_flash_attention", _flash_attention_for_cpu, "CPU")
     _applied.append("flash-attention-cpu-kernel")
 
-    if torch.accelerator.current_accelerator() is None:
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None or accelerator.type != "cpu":
         torch.accelerator.current_accelerator = _cpu_accelerator
         _applied.append("current-accelerator-cpu")
 

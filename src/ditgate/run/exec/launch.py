@@ -2,9 +2,9 @@
 
 On CPU the ranks are forked from the run's own process when it holds the pristine pipeline (`pristine=`): they
 inherit its imports and its weights, so a group starts in well under a second. Elsewhere (CUDA, which a forked
-process cannot use once its parent has touched it, and `--launch per-row`) torchrun starts them. A CPU group on a
-machine that has a GPU (a reduced-precision run's twin rows) is started by torchrun with no GPU visible: cache-dit
-places its meshes on the GPU whenever one is visible, and a process forked after its parent used CUDA cannot.
+process cannot use once its parent has touched it, and `--launch per-row`) torchrun starts them. A CPU rank never
+sees a GPU, also on a machine that has one (a reduced-precision run's twin rows): cache-dit would place its meshes
+there; and once this process has used CUDA its CPU groups start under torchrun, since a forked child cannot.
 
 A group ends when torchrun exits, or when no rank has moved to a new stage for `timeout` seconds: then the whole
 process group is killed and the ranks' last stages are reported (a rank stuck in a collective waits at the stage
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from ditgate.run.exec import lifeline
 from ditgate.run.exec.files import write_json
-from ditgate.run.exec.worker import error_path, status_path
+from ditgate.run.exec.worker import cpu_threads, error_path, status_path
 
 
 @dataclass
@@ -171,8 +171,11 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
     # torchrun dies with this process (ditgate.run.exec.lifeline), and its ranks with torchrun
     cmd = lifeline.command(os.getpid(), [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                          f"--nproc_per_node={world_size}", "-m", module, str(job_file)])
-    if _on_cpu_beside_gpu(job):
-        env["CUDA_VISIBLE_DEVICES"], pristine = "", None
+    if not str(job.get("model", {}).get("device", "cpu")).startswith("cuda"):
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU rank never sees a GPU
+        env.setdefault("OMP_NUM_THREADS", cpu_threads(world_size))
+        if _parent_used_cuda():
+            pristine = None
     with open(log_file, "ab") as log:
         if pristine is not None:
             proc = _Forked(job, world_size, pristine, log)
@@ -201,13 +204,9 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
                         exits=getattr(proc, "exits_seen", None) or getattr(proc, "exits", None) or _exits(log_file))
 
 
-def _on_cpu_beside_gpu(job: dict[str, Any]) -> bool:
-    """True for a CPU group in a process that can see a GPU (asking does not initialise CUDA)."""
-    if str(job.get("model", {}).get("device", "cpu")).startswith("cuda") or "torch" not in sys.modules:
-        return False
-    import torch
-
-    return torch.cuda.is_available()
+def _parent_used_cuda() -> bool:
+    """True when this process has initialised CUDA: a process forked from it could not run."""
+    return "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized()
 
 
 def _exits(log_file: Path) -> dict[int, int]:
