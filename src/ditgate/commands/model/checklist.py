@@ -19,7 +19,7 @@ _MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from ditgate.commands.model.options import add_model_arguments
+    from ditgate.commands.model.options import add_junit_argument, add_model_arguments, add_twin_argument
 
     parser.add_argument("phase", metavar="PHASE", nargs="?",
                         help="checklist name(s), comma-separated (cache, cp, tp, ...), or a checklist file")
@@ -29,8 +29,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, model_option=True)
     parser.add_argument("--integration", type=Path, metavar="FILE",
                         help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
-    from ditgate.commands.model.options import add_twin_argument
-
     add_twin_argument(parser)
     parser.add_argument("--out", type=Path, help="run folder for the rows and the filled-in checklists (new or "
                         "empty; default: a new folder under runs/)")
@@ -40,25 +38,37 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds a parallel group may go without progress before it is killed (default 600)")
     parser.add_argument("--json", action="store_true", help="print the filled-in checklists as JSON")
+    add_junit_argument(parser)
 
 
 def _names(phase: str | None) -> list[str] | None:
     return [p.strip() for p in phase.split(",") if p.strip()] if phase else None
 
 
-def _validate(phase: str | None) -> int:
+def _validate(phase: str | None, as_json: bool) -> int:
     from ditgate.checklists import validate_all
 
-    for checklist in validate_all(_names(phase)):
+    checked = validate_all(_names(phase))
+    if as_json:
+        print(json.dumps([{"name": c.name, "path": str(c.path), "items": len(c.items),
+                           "automated": sum(i.automated for i in c.items)} for c in checked], indent=2))
+        return 0
+    for checklist in checked:
         automated = sum(i.automated for i in checklist.items)
         print(f"ok  {checklist.name:<14} {len(checklist.items):>2} items ({automated} automated, "
               f"{len(checklist.items) - automated} manual)  {checklist.path}")
     return 0
 
 
-def _list_checks() -> int:
+def _list_checks(as_json: bool) -> int:
     from ditgate.checklists.named import CHECKS
 
+    if as_json:
+        print(json.dumps([{"name": c.name, "summary": c.summary,
+                           "args": {k: {"kind": a.kind.__name__, "choices": list(a.choices) if a.choices else None,
+                                        "required": a.required, "default": a.default} for k, a in c.args.items()}}
+                          for c in CHECKS.values()], indent=2, default=str))
+        return 0
     for check in CHECKS.values():
         args = ", ".join(f"{k}={'|'.join(map(str, a.choices)) if a.choices else a.kind.__name__}"
                          + ("" if a.required else f" (default {a.default})") for k, a in check.args.items())
@@ -81,9 +91,9 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.core.errors import DitgateError
 
     if args.list_checks:
-        return _list_checks()
+        return _list_checks(args.json)
     if args.validate:
-        return _validate(args.phase)
+        return _validate(args.phase, args.json)
     if not args.phase or not args.model:
         raise DitgateError("ditgate checklist: give PHASE and --model MODEL (or --validate / --list-checks)")
 
@@ -97,6 +107,10 @@ def main(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result
         filled = run_checklists(checklists, opts)
     paths = [write_filled(f) for f in filled]
+    if args.junit:
+        from ditgate.run.report import junit
+
+        junit.write(args.junit, f"ditgate checklist {args.phase}", junit.checklist_cases(filled))
     if args.json:
         print(json.dumps([f | {"file": str(p)} for f, p in zip(filled, paths)], indent=2, default=str))
     else:

@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.model.options import (add_integration_argument, add_model_arguments, add_twin_argument,
-                                            model_from)
+from ditgate.commands.model.options import (add_integration_argument, add_junit_argument, add_model_arguments,
+                                            add_twin_argument, model_from)
 
 HELP = "acceptance matrix: speed and quality of cache presets, compile, quantization, CP and TP against a baseline"
 
@@ -31,6 +31,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="CPU only: threads of every process, the single-process rows and each rank alike, so "
                              "an N-rank row has N times the cores of the baseline (default 1)")
     parser.add_argument("--json", action="store_true", help="print matrix.json instead of the table")
+    add_junit_argument(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -40,6 +41,10 @@ def main(args: argparse.Namespace) -> int:
     model = model_from(args)
     acceptance.check_options(args.tier, model.device, args.warmup, args.repeats, args.threads)
     chosen, profile, note = acceptance.plan_rows(model, args.tier, args.rows_file, args.rows)
+    if args.list_rows and args.json:
+        print(json.dumps([row.to_dict() | {"world_size": row.world_size, "description": row.description}
+                          for row in chosen], indent=2, default=str))
+        return 0
     if args.list_rows:
         for row in chosen:
             print(f"{row.name:<28} phase={row.phase or '-':<12} ranks={row.world_size}  {row.description}")
@@ -48,6 +53,11 @@ def main(args: argparse.Namespace) -> int:
         model, chosen, profile, note, tier=args.tier, out=args.out, warmup=args.warmup, repeats=args.repeats,
         threads=args.threads, timeout=args.timeout, resume=args.resume, integration=args.integration,
         twin=args.twin)
+    if args.junit:
+        from ditgate.run.report import junit
+
+        junit.write(args.junit, f"ditgate matrix {data.get('model', model.name)}",
+                    junit.row_cases(data["rows"], f"ditgate.matrix.{data.get('model', model.name)}"))
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:

@@ -7,6 +7,7 @@ passed, 1 when one failed (its gate) or raised, 2 on bad input.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 HELP = "run the phase notebooks (notebooks/*.ipynb) with papermill and summarise them"
@@ -27,12 +28,19 @@ def register(parser: argparse.ArgumentParser) -> None:
                      help="a notebook parameter (typed as the notebook declares it), e.g. -p steps 4; repeatable")
     run.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
     run.add_argument("--kernel", help="Jupyter kernel (default: ditgate if installed, else python3)")
-    sub.add_parser("list", help="print the notebooks and their parameters")
+    listing = sub.add_parser("list", help="print the notebooks and their parameters")
+    listing.add_argument("--json", action="store_true", help="print the list as JSON")
 
 
-def _list() -> int:
+def _list(as_json: bool) -> int:
     from ditgate.notebooks import NOTEBOOKS, parameters
 
+    if as_json:
+        print(json.dumps([{"name": nb.stem, "phase": nb.phase, "title": nb.title, "in_all": nb.in_all,
+                           "path": str(nb.path),
+                           "parameters": {name: {"type": p["inferred_type_name"], "default": p["default"]}
+                                          for name, p in parameters(nb).items()}} for nb in NOTEBOOKS], indent=2))
+        return 0
     for nb in NOTEBOOKS:
         params = ", ".join(f"{name}: {p['inferred_type_name']} = {p['default']}" for name, p in parameters(nb).items())
         print(f"{nb.stem:<15} {nb.phase:<12} {'all ' if nb.in_all else '    '} {nb.title}\n{'':<16}{params}")
@@ -44,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.notebooks import find, results_dir, run_notebooks, summary
 
     if args.action == "list":
-        return _list()
+        return _list(args.json)
     if args.model and args.model_option and args.model != args.model_option:
         raise DitgateError(f"two models given: {args.model} and --model {args.model_option}; give one")
     args.model = args.model or args.model_option

@@ -67,6 +67,12 @@ def add_twin_argument(parser: argparse.ArgumentParser) -> None:
                              "pass; only: the twin alone (the model's weights are not needed); off: never")
 
 
+def add_junit_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--junit", type=Path, metavar="FILE",
+                        help="also write JUnit XML for a CI: one test case per row (or checklist item), a failure's "
+                             "message its reasons")
+
+
 def model_from(args: argparse.Namespace, name: str | None = None):
     """The Model of the command's options (`name` instead of args.model when given): path, pipeline class, request
     fitted to the pipeline's call, dtype and device, all resolved here (ditgate.core.model.Model.open)."""

@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.model.options import (add_integration_argument, add_model_arguments, add_twin_argument,
-                                            model_from)
+from ditgate.commands.model.options import (add_integration_argument, add_junit_argument, add_model_arguments,
+                                            add_twin_argument, model_from)
 
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
@@ -37,6 +37,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "copy of it, one worker group per world size; per-row: every row loads from disk and "
                              "every multi-rank row starts its own torchrun group (the design before, to compare)")
     parser.add_argument("--json", action="store_true", help="print report.json instead of the table")
+    add_junit_argument(parser)
 
 
 def _warmup(given: int | None, device: str) -> int:
@@ -52,6 +53,10 @@ def main(args: argparse.Namespace) -> int:
 
     base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
     chosen = rows_mod.with_cache_config(rows_mod.select(base, args.rows), rows_mod.parse_cache_config(args.cache_config))
+    if args.list_rows and args.json:
+        print(json.dumps([row.to_dict() | {"world_size": row.world_size, "description": row.description}
+                          for row in chosen], indent=2, default=str))
+        return 0
     if args.list_rows:
         for row in chosen:
             print(f"{row.name:<18} phase={row.phase or '-':<6} ranks={row.world_size} vs={row.baseline or '-':<15}"
@@ -67,6 +72,11 @@ def main(args: argparse.Namespace) -> int:
                     resume=args.resume, warmup=_warmup(args.warmup, model.device), repeats=args.repeats,
                     diff=not args.no_diff, launch=args.launch, twin=args.twin)
     report = run(cfg)
+    if args.junit:
+        from ditgate.run.report import junit
+
+        junit.write(args.junit, f"ditgate run {report['model']}",
+                    junit.row_cases(report["rows"], f"ditgate.run.{report['model']}"), report.get("wall_s"))
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:

@@ -33,6 +33,9 @@ def _default_root() -> Path:
 def main(args: argparse.Namespace) -> int:
     from ditgate.skill.rules.lint import RULES, WARNING, LintConfig, lint
 
+    if args.list_rules and args.json:
+        print(json.dumps([{"id": r.id, "severity": r.severity, "summary": r.summary} for r in RULES], indent=2))
+        return 0
     if args.list_rules:
         width = max(len(rule.id) for rule in RULES)
         for rule in RULES:
