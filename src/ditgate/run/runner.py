@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ditgate.core import logs
+from ditgate.run.progress import Lines, planned
 from ditgate.run.exec import files as store
 from ditgate.run.judge.gating import audio_floor, judge_row
 from ditgate.core.errors import DitgateError
@@ -110,7 +111,8 @@ class Runner:
         self.progress = progress or logs.progress
         if cfg.launch not in LAUNCHES:
             raise DitgateError(f"unknown launch {cfg.launch!r}; known: {', '.join(LAUNCHES)}")
-        self._finished = 0
+        self.lines = Lines(self.progress, planned(list(cfg.rows), self.model.request.steps, self.model.dtype,
+                                                  self.model.call_class, self.gate_table()))
         self._start = time.perf_counter()
         self._pristine = None  # the pipeline loaded once in this process (launch="once")
         self._load_due = 0.0  # its load time, paid by the next row that runs on it
@@ -119,13 +121,7 @@ class Runner:
 
     # -- running -------------------------------------------------------------------------------------------------
     def _announce(self, state: RowState) -> None:
-        self._finished += 1
-        r = state.result or {}
-        if r.get("status") == "ok":
-            what = f"{r['latency_s']:.2f} s" if r.get("latency_s") is not None else "ok"
-        else:
-            what = "ERROR " + (r.get("error", {}).get("message", "")[:100])
-        self.progress(f"[{self._finished}/{len(self.states)}] {state.row.name:<18} {state.row.world_size} rank(s)  {what}")
+        self.lines.row(state.row, state.result or {}, len(self.states))
 
     def _record(self, state: RowState, result: dict[str, Any]) -> None:
         state.result = result
@@ -297,7 +293,9 @@ class Runner:
                     if row.name not in seen and (result := store.load_result(self.run_dir, row.name)):
                         seen.add(row.name)
                         self._record(self.states[row.name], result)
+                self.lines.beat([r for r in remaining if r.name not in seen], size, job["group_dir"])
 
+            self.lines.group_started(remaining, size)
             outcome = run_group(job, size, timeout=self.cfg.timeout, on_poll=poll, pristine=pristine)
             poll()
             left = [r for r in remaining if r.name not in seen]
