@@ -78,7 +78,7 @@ INTRO = {
 GATE_NOTE = ("Every threshold comes from `checklists/gates.json` (or the table named by `gates`); the last cell "
              "writes `<out>/{phase}.json` and raises `GateFailed` when the gate fails.")
 RUN_WITH = ("Run it: `papermill notebooks/{stem}.ipynb out.ipynb -p model {model} -p out runs/nb`, or "
-            "`ditgate notebook run {phase} --model {model} --out runs/nb`.")
+            "`ditgate notebook run {phase} {model} --out runs/nb`.")
 
 
 def _parameter_names(nb: Notebook) -> list[str]:
@@ -119,10 +119,8 @@ def _work_cells(nb: Notebook) -> list[str]:
         return [start + _call(f"{name} = nb.{function}", args), f"nb.show({name})",
                 f'result = nb.finish("{nb.phase}", {name}, out_dir)']
     args = [f'"{nb.phase}"', "model", "out_dir"] + [f"{n}={n}" for n in RUN_ARGS if n in names]
-    cells = [start + _call("report = nb.run_phase", args), "nb.show(report)"]
-    if nb.kind == "final":
-        cells.append("nb.show_results(out_dir, report)")
-    return cells + [f'result = nb.finish("{nb.phase}", report, out_dir)']
+    shown = "nb.show(report, results_of=out_dir)" if nb.kind == "final" else "nb.show(report)"
+    return [start + _call("report = nb.run_phase", args), shown, f'result = nb.finish("{nb.phase}", report, out_dir)']
 
 
 def build(nb: Notebook) -> nbformat.NotebookNode:

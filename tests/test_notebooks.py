@@ -56,6 +56,30 @@ def _shown(path: Path, mime: str) -> list[str]:
     return [o["data"][mime] for o in _outputs(path) if o.get("output_type") == "display_data" and mime in o["data"]]
 
 
+def _readable(path: Path) -> str:
+    """Check what an engineer reads in an executed notebook and return it rendered to HTML (nbconvert): no stderr
+    cell (library messages, progress bars and ranks went to the folded log), no line printed twice, a PASS/FAIL
+    banner, the run's table shown once, the log folded with its file."""
+    from nbconvert import HTMLExporter
+
+    outputs = _outputs(path)
+    assert not [o for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr"], \
+        [o["text"][:300] for o in outputs if o.get("name") == "stderr"]
+    printed = [line for o in outputs if o.get("output_type") == "stream" for line in o["text"].splitlines() if line]
+    assert len(printed) == len(set(printed)), printed
+    tables = [t for t in _shown(path, "text/markdown") if "| row | phase | ranks |" in t or "| row | tier |" in t]
+    assert len(tables) <= 1
+    html = _shown(path, "text/html")
+    assert sum(">PASS<" in h or ">FAIL<" in h for h in html) == 1
+    logs = [h for h in html if h.startswith("<details><summary>log:")]
+    assert len(logs) == 1
+    log_file = Path(logs[0].split("<code>")[1].split("</code>")[0])
+    assert log_file.is_file()
+    body, _ = HTMLExporter().from_filename(str(path))
+    assert "<details>" in body and "<html" in body
+    return body
+
+
 # ------------------------------------------------------------------------------------------ committed notebooks
 
 
@@ -265,6 +289,8 @@ def test_papermill_and_the_json_result_agree(flux_route, nb):
     assert all(r["resumed"] for r in report["rows"])  # seeded from the session's run, not computed again
     tables = _shown(out / f"{nb.stem}.ipynb", "text/markdown")
     assert any(all(f"| {name} |" in t for name in expected) for t in tables)  # the results table is shown
+    body = _readable(out / f"{nb.stem}.ipynb")
+    assert ">PASS<" in body and (nb.phase == "baseline" or "threshold" in body and "margin" in body)
     assert _shown(out / f"{nb.stem}.ipynb", "image/png")  # and the image grid
 
 
@@ -327,6 +353,11 @@ def test_broken_cp_plan_fails_the_cp_notebook_with_the_gate_reason(tmp_path):
     cells = [c for c in nbformat.read(str(executed), as_version=4).cells if c.cell_type == "code"]
     assert [o["ename"] for o in cells[-1].outputs if o["output_type"] == "error"] == ["GateFailed"]  # the last cell
     assert "GateFailed" in done.stderr
+    # what the engineer reads: the FAIL banner, the gate, where the row departs from its baseline, no traceback
+    body = _readable(executed)
+    assert ">FAIL<" in body and "Where cp-ulysses-2 departs from its baseline" in body and "proj_out" in body
+    error = next(o for o in cells[-1].outputs if o["output_type"] == "error")
+    assert error["traceback"] == [f"GateFailed: {error['evalue']}"]  # the verdict, not a trace into ditgate
 
 
 # ---------------------------------------------------------------------------------- routes of other modules
@@ -353,3 +384,5 @@ def test_perf_matrix_notebook(tmp_path):
     assert result["passed"] and {r["name"] for r in result["rows"]} >= {"baseline", "cache-fast"}
     assert any("| cache-fast |" in t for t in _shown(tmp_path / "80_perf_matrix.ipynb", "text/markdown"))
     assert _shown(tmp_path / "80_perf_matrix.ipynb", "image/png")  # speedup against PSNR
+    body = _readable(tmp_path / "80_perf_matrix.ipynb")
+    assert ">PASS<" in body and ">FAIL<" not in body

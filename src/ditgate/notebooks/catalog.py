@@ -11,6 +11,10 @@ from ditgate.core.paths import data_root
 class GateFailed(DitgateError):
     """A phase's gate failed; the message names each failing row and why."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for it: the verdict, not a traceback into ditgate (the banner above says the rest)."""
+        return [f"GateFailed: {self}"]
+
 
 class NotebookError(DitgateError):
     """A notebook cannot be run as asked: unknown name, unknown or mistyped parameter, no Jupyter kernel."""

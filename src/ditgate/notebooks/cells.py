@@ -28,6 +28,7 @@ from ditgate.run.exec import files as store
 from ditgate.core.errors import DitgateError
 from ditgate.notebooks.catalog import NOTEBOOKS, ROW_PHASE
 from ditgate.notebooks.catalog import GateFailed
+from ditgate.notebooks.display import captured
 
 
 
@@ -107,7 +108,7 @@ def _model(model: str, opts: dict[str, Any], dtype: str, device: str):
 
 def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_size: int = 2, integration: str = "",
               dtype: str = "auto", device: str = "auto", gates: str = "", timeout: float = 600.0,
-              resume: bool = False, progress: Callable[[str], None] | None = print, twin: str = "auto",
+              resume: bool = False, progress: Callable[[str], None] | None = None, twin: str = "auto",
               **request_opts) -> dict[str, Any]:
     """Run the phase's rows (or the named `rows` of `ditgate run`) in `out_dir/<phase>`; returns the report.
     `request_opts`: pipeline, trust_remote_code, call (a JSON object), call_file, image, height, width, frames,
@@ -117,14 +118,17 @@ def run_phase(phase: str, model: str, out_dir: Path, *, rows: str = "", world_si
     from ditgate.run.runner import RunConfig, run
 
     if gates:
-        load_gates(gates)  # a broken table fails now, not after every row has run
-    chosen = (rows_mod.select([*rows_mod.DEFAULT_ROWS, *phase_rows(phase, world_size)], rows) if rows
-              else phase_rows(phase, world_size))
-    cfg = RunConfig(model=_model(model, request_opts, dtype, device), rows=chosen, out=Path(out_dir) / phase,
-                    integration=Path(integration) if integration else None, timeout=timeout, resume=resume,
-                    gates=Path(gates) if gates else None, twin=twin)
-    report = run(cfg, progress)
+        load_gates(gates)  # a broken table fails now, not after every row has run (and before anything is written)
+    log_path = Path(out_dir) / f"{phase}.log"
+    with captured(log_path) as log:  # the libraries' imports and messages, the ranks' output: into the log
+        chosen = (rows_mod.select([*rows_mod.DEFAULT_ROWS, *phase_rows(phase, world_size)], rows) if rows
+                  else phase_rows(phase, world_size))
+        cfg = RunConfig(model=_model(model, request_opts, dtype, device), rows=chosen, out=Path(out_dir) / phase,
+                        integration=Path(integration) if integration else None, timeout=timeout, resume=resume,
+                        gates=Path(gates) if gates else None, twin=twin, diff=True)
+        report = run(cfg, progress or (lambda line: print(line, file=log, flush=True)))
     report["gates"] = gates or "checklists/gates.json"
+    report["log"] = str(log_path)
     return report
 
 
@@ -132,8 +136,11 @@ def inspect(model: str, out_dir: Path, *, dtype: str = "auto", device: str = "au
     """`ditgate inspect`: the anatomy; the draft plan is written to `out_dir/plan.md`."""
     from ditgate.inspect.anatomy import inspect_model, write_text_atomic
 
-    anatomy = inspect_model(_model(model, request_opts, dtype, device))
+    log_path = Path(out_dir) / "inspect.log"
+    with captured(log_path):
+        anatomy = inspect_model(_model(model, request_opts, dtype, device))
     write_text_atomic(Path(out_dir) / "plan.md", anatomy.plan)
+    anatomy.log = str(log_path)  # shown folded by `show`
     return anatomy
 
 
@@ -145,41 +152,73 @@ def run_matrix(model: str, out_dir: Path, *, tier: str = "A", rows: str = "", in
 
     warmup, repeats, tier = (1 if warmup < 0 else warmup), (repeats or 3), tier.upper()
     acceptance.check_options(tier, request_mod.resolve_device(device), warmup, repeats, 1)
-    opened = _model(model, request_opts, dtype, device)
-    chosen, profile, note = acceptance.plan_rows(opened, tier, rows=rows or None)
-    acceptance.run_matrix(opened, chosen, profile, note, tier=tier, out=Path(out_dir) / "perf_matrix",
-                          warmup=warmup, repeats=repeats, timeout=timeout,
-                          integration=Path(integration) if integration else None)
-    return json.loads((Path(out_dir) / "perf_matrix" / "matrix.json").read_text())
+    log_path = Path(out_dir) / "perf_matrix.log"
+    with captured(log_path):
+        opened = _model(model, request_opts, dtype, device)
+        chosen, profile, note = acceptance.plan_rows(opened, tier, rows=rows or None)
+        acceptance.run_matrix(opened, chosen, profile, note, tier=tier, out=Path(out_dir) / "perf_matrix",
+                              warmup=warmup, repeats=repeats, timeout=timeout,
+                              integration=Path(integration) if integration else None)
+    return json.loads((Path(out_dir) / "perf_matrix" / "matrix.json").read_text()) | {"log": str(log_path)}
 
 
 # ------------------------------------------------------------------------------------------------ display
 
 
-_IMAGE_LINE = re.compile(r"^!\[[^\]]*\]\([^)]*\)\s*$", re.MULTILINE)
+def _verdict(data: dict[str, Any]) -> tuple[bool, str, list[str]]:
+    """(passed, title, reasons) of a run's report or a matrix, as the banner shows them."""
+    if "tier" in data:
+        failed = [r for r in data["rows"] if r["status"] in ("failed", "error")]
+        ran = [r for r in data["rows"] if r["status"] not in ("refused", "reference")]
+        return (bool(data["passed"]), f"matrix of {data['model']}: {len(ran) - len(failed)} of {len(ran)} rows passed",
+                [f"{r['name']}: {'; '.join(r.get('reasons') or []) or r['status']}" for r in failed])
+    result = _run_result("", data, Path(data["run_dir"]).parent)
+    gated = [r for r in data["rows"] if r.get("phase")]
+    passed = [r for r in gated if r["status"] == "passed"]
+    return result["passed"], f"{data['model']}: {len(passed)} of {len(gated)} gated rows passed", result["reasons"]
 
 
-def show(data: Any) -> None:
-    """Display a result in the notebook: an anatomy; a run's table, grid and audio; a matrix's table and plot."""
-    from IPython.display import Audio, Image, Markdown, display
+def show(data: Any, results_of: Path | None = None) -> None:
+    """Display a result in the notebook, in reading order: the PASS/FAIL banner, the gates (threshold, value,
+    margin), the table (report.md, matrix.md, or with `results_of` the results table of every phase in that
+    folder, written to results.md), audio players, where a failed exact row departs from its baseline, the picture,
+    and the folded log."""
+    from IPython.display import HTML, Audio, Image, Markdown, display
+
+    from ditgate.notebooks import display as view
 
     if hasattr(data, "block_lists"):  # an Anatomy
         from ditgate.inspect.text import render
 
+        result = inspect_result(data.to_dict())
+        display(HTML(view.banner(result["passed"], f"inspect {result['model']}", result["reasons"])))
         display(Markdown(f"```text\n{render(data)}\n```"))
+        if getattr(data, "log", None):
+            display(HTML(view.folded_log(data.log)))
         return
     run_dir = Path(data["run_dir"])
     matrix = "tier" in data
-    table = (run_dir / ("matrix.md" if matrix else "report.md")).read_text()
-    display(Markdown(_IMAGE_LINE.sub("", table)))  # the picture is displayed below, not linked
+    display(HTML(view.banner(*_verdict(data))))
+    gates = view.gate_table(data["rows"])
+    if gates:
+        display(Markdown("**Gates** (margin: how far inside its threshold each value is; − outside)\n\n" + gates))
+    if results_of is not None:
+        table = results_table(results_of, data)
+        store.write_text(Path(results_of) / "results.md", table)
+    else:
+        table = view.strip_pictures((run_dir / ("matrix.md" if matrix else "report.md")).read_text())
+    display(Markdown(table))
     if not matrix:
         for row in data["rows"]:
             wav = store.row_dir(run_dir, row["name"]) / "output.wav"
             if row["status"] != "error" and wav.is_file():
                 display(Markdown(f"**{row['name']}**"), Audio(filename=str(wav)))
+        view.show_diff(run_dir, [r for r in data["rows"] if r.get("diff")])
     picture = data.get("plot" if matrix else "grid")
     if picture and (run_dir / picture).is_file():
         display(Image(filename=str(run_dir / picture)))
+    if data.get("log"):
+        display(HTML(view.folded_log(data["log"])))
 
 
 # ------------------------------------------------------------------------------------------------- results
@@ -278,7 +317,8 @@ def results_table(out_dir: Path, report: dict[str, Any] | None = None) -> str:
 
 
 def show_results(out_dir: Path, report: dict[str, Any] | None = None) -> str:
-    """Display the results table and write it to `<out_dir>/results.md`; returns the Markdown."""
+    """Display the results table alone and write it to `<out_dir>/results.md`; returns the Markdown (the final
+    notebook shows it through `show(report, results_of=out_dir)`, with the banner and the gates)."""
     from IPython.display import Markdown, display
 
     table = results_table(out_dir, report)

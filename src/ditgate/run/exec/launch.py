@@ -91,6 +91,11 @@ class _Forked:
         self.pids: list[int] = []
         self.exits: dict[int, int] = {}
         self.returncode: int | None = None
+        for stream in (sys.stdout, sys.stderr):  # a child would write out what is buffered again (a notebook shows
+            try:                                  # every such line once per rank)
+                stream.flush()
+            except Exception:  # noqa: BLE001 - nothing to flush
+                pass
         for rank in range(world_size):
             pid = os.fork()
             if pid == 0:  # the rank: never returns into the caller's code
