@@ -144,7 +144,7 @@ def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
             "far_below": bool((prediction or {}).get("far_below")), "prediction": prediction,
             "psnr": m.get("psnr"), "ssim": m.get("ssim"), "max_abs": m.get("max_abs"),
             "peak_memory_bytes": r["peak_memory_bytes"], "peak_memory_kind": r["peak_memory_kind"],
-            "reasons": r["reasons"],
+            "reasons": r["reasons"], "verdict": r.get("verdict"),
         })
     ran = [r for r in rows if r["status"] not in ("refused", "reference")]
     return {
@@ -159,6 +159,7 @@ def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
 
 
 def markdown(data: dict[str, Any]) -> str:
+    from ditgate.run.report import spread
     from ditgate.run.report.run_report import fmt, size_text, steps_text
 
     call = data["request"]["call"]
@@ -217,6 +218,7 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"On CPU the ranks of a parallel row share the machine's cores: those rows check correctness, "
                      f"their speedups say nothing about GPUs. Every process (a single-process row, each rank) ran "
                      f"{data['cpu_threads']} thread(s). Peak memory is the process's peak resident set.")
+    lines += spread.lines(data["rows"])
     lines += ["", "![speedup against PSNR](speedup_vs_psnr.png)"]
     return "\n".join(lines) + "\n"
 
