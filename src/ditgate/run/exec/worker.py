@@ -36,20 +36,21 @@ def main(job_file: str) -> int:
 
 
 def cpu_threads(world_size: int) -> str:
-    """Threads per CPU rank: the machine's cores shared evenly (torchrun's default of one thread leaves a large
-    machine idle: a twin's ranks beside a GPU run on 16 cores)."""
+    """Threads per CPU rank started by torchrun: the machine's cores shared evenly (torchrun's default of one thread
+    leaves a large machine idle: a twin's ranks beside a GPU run on 16 cores)."""
     return str(max(1, (os.cpu_count() or 1) // max(1, world_size)))
 
 
 def forked(job: dict, rank: int, world_size: int, port: int, pristine, log_fd: int) -> int:
     """The body of a rank forked from the run's process (ditgate.run.exec.launch): the environment torchrun would give
-    it (the cores shared among the ranks unless OMP_NUM_THREADS says otherwise: `cpu_threads`), then `serve`.
-    A CPU rank never sees a GPU (ditgate.run.exec.launch)."""
+    it (one thread per rank unless OMP_NUM_THREADS says otherwise: a child forked from a process whose OpenMP pool
+    has run must not start its own, it can hang), then `serve`. A CPU rank never sees a GPU (ditgate.run.exec.launch).
+    """
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", cpu_threads(world_size)),
+                      OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                       CUDA_VISIBLE_DEVICES="")
     lifeline.die_with_parent()  # SIGKILL when the run's process dies
     lifeline.watch_parents(job.get("owner_pid"))
