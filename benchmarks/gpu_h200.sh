@@ -6,6 +6,7 @@ set -euo pipefail
 step=$1; out=$2; mkdir -p "$out"
 model=/tmp/fluxdev; run=/tmp/fluxdev-matrix
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DITGATE_HOME=/tmp/ditgate-home CACHE_DIT_LOG_LEVEL=warning
+export USE_HUB_KERNELS=NO  # transformers 5.25 asks for the `kernels` package on CUDA unless told not to
 common=(--dtype bf16 --device cuda --warmup 1 --repeats 3)
 case $step in
   build)   [ -f $model/model_index.json ] || python3 benchmarks/flux_dev_random.py $model ;;

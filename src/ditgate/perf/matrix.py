@@ -144,7 +144,7 @@ def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
             "far_below": bool((prediction or {}).get("far_below")), "prediction": prediction,
             "psnr": m.get("psnr"), "ssim": m.get("ssim"), "max_abs": m.get("max_abs"),
             "peak_memory_bytes": r["peak_memory_bytes"], "peak_memory_kind": r["peak_memory_kind"],
-            "reasons": r["reasons"],
+            "reasons": r["reasons"], "verdict": r.get("verdict"),
         })
     ran = [r for r in rows if r["status"] not in ("refused", "reference")]
     return {
@@ -159,6 +159,7 @@ def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
 
 
 def markdown(data: dict[str, Any]) -> str:
+    from ditgate.run.report import spread
     from ditgate.run.report.run_report import fmt, size_text, steps_text
 
     call = data["request"]["call"]
@@ -217,40 +218,71 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"On CPU the ranks of a parallel row share the machine's cores: those rows check correctness, "
                      f"their speedups say nothing about GPUs. Every process (a single-process row, each rank) ran "
                      f"{data['cpu_threads']} thread(s). Peak memory is the process's peak resident set.")
+    lines += spread.lines(data["rows"])
     lines += ["", "![speedup against PSNR](speedup_vs_psnr.png)"]
     return "\n".join(lines) + "\n"
 
 
+def _speedup_range(row: dict[str, Any], base_latency: float | None) -> tuple[float, float] | None:
+    """(lowest, highest) speedup over the row's timed repeats against the baseline's median; None with one repeat."""
+    times = [t for t in row.get("times") or [] if t]
+    if len(times) < 2 or not base_latency:
+        return None
+    return base_latency / max(times), base_latency / min(times)
+
+
 def plot(data: dict[str, Any], path: Path, gates: dict[str, float] | None = None) -> Path | None:
-    """speedup_vs_psnr.png: each row that ran at (PSNR against the baseline, speedup); predictions as crosses."""
+    """speedup_vs_psnr.png: each row that ran at (PSNR against the baseline, speedup), numbered, its name in the
+    legend beside the plot; error bars: the speedup over its repeats (slowest to fastest); predictions as crosses;
+    the PSNR gates as vertical lines named in the legend; identical outputs (infinite PSNR) as triangles at an
+    "inf" tick on the right."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     points = [r for r in data["rows"] if r["speedup"] is not None and r["psnr"] is not None]
     if not points:
         return None
-    finite = [float(r["psnr"]) for r in points if isinstance(r["psnr"], (int, float)) and math.isfinite(r["psnr"])]
-    cap = (max(finite) if finite else 60.0) + 10.0  # identical outputs (infinite PSNR) are drawn at the right edge
-    figure = Figure(figsize=(8, 5.5), dpi=110)
+    def psnr_of(r):
+        return float(r["psnr"]) if isinstance(r["psnr"], (int, float)) else math.inf
+
+    finite = [psnr_of(r) for r in points if math.isfinite(psnr_of(r))]
+    top = max(finite + list((gates or {}).values()) + [40.0])
+    cap = top + max(5.0, 0.08 * top)  # where identical outputs (infinite PSNR) are drawn
+    base = next((r for r in data["rows"] if r["name"] == "baseline"), None)
+    base_latency = (base or {}).get("latency_s")
+    figure = Figure(figsize=(10, 5.5), dpi=110)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     colours = {"passed": "tab:green", "failed": "tab:red", "error": "tab:red"}
-    for r in points:
-        x = float(r["psnr"]) if isinstance(r["psnr"], (int, float)) and math.isfinite(r["psnr"]) else cap
-        axes.scatter([x], [r["speedup"]], color=colours.get(r["status"], "tab:gray"), zorder=3)
-        axes.annotate(r["name"], (x, r["speedup"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    handles = []
+    for i, r in enumerate(points, 1):
+        x = psnr_of(r) if math.isfinite(psnr_of(r)) else cap
+        colour = colours.get(r["status"], "tab:gray")
+        spread = _speedup_range(r, base_latency)
+        yerr = [[max(0.0, r["speedup"] - spread[0])], [max(0.0, spread[1] - r["speedup"])]] if spread else None
+        axes.errorbar([x], [r["speedup"]], yerr=yerr, fmt="^" if x == cap else "o", color=colour, ecolor=colour,
+                      elinewidth=0.8, capsize=3, zorder=3)
+        axes.annotate(str(i), (x, r["speedup"]), textcoords="offset points", xytext=(5, 3), fontsize=8,
+                      fontweight="bold")
+        handles.append(Line2D([], [], marker="o", linestyle="none", color=colour,
+                              label=f"{i}  {r['name']} ({r['status']})"))
         if r["predicted"]:
             axes.plot([x, x], [r["speedup"], r["predicted"]], color="tab:gray", linestyle=":", linewidth=0.8)
             axes.scatter([x], [r["predicted"]], marker="x", color="tab:gray", zorder=2)
     axes.axhline(1.0, color="black", linewidth=0.6)
-    for label, value in (gates or {}).items():
-        axes.axvline(value, color="tab:blue", linestyle="--", linewidth=0.7)
-        axes.annotate(label, (value, axes.get_ylim()[1]), fontsize=7, rotation=90, va="top", ha="right")
-    axes.set_xlabel("PSNR against the baseline (dB); identical outputs at the right edge")
-    axes.set_ylabel("speedup over the baseline (x)")
+    for (label, value), style in zip((gates or {}).items(), ("--", "-.", ":")):
+        handles.append(axes.axvline(value, color="tab:blue", linestyle=style, linewidth=0.9, label=label))
+    handles.append(Line2D([], [], marker="x", linestyle="none", color="tab:gray", label="predicted (FLOPs)"))
+    if any(not math.isfinite(psnr_of(r)) for r in points):
+        ticks = [t for t in axes.get_xticks() if t < cap - 0.5 * (cap - top)]
+        axes.set_xticks(ticks + [cap], [f"{t:g}" for t in ticks] + ["inf"])
+    axes.set_xlabel("PSNR against the baseline (dB)")
+    axes.set_ylabel("speedup over the baseline (x); bars: slowest to fastest repeat")
     axes.set_title(f"{data['model']}, tier {data['tier']}, {data['device']}: measured (dots), predicted (crosses)",
                    fontsize=9)
     axes.grid(alpha=0.3)
+    axes.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     figure.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp")
     figure.savefig(tmp, format="png")

@@ -24,6 +24,7 @@ from ditgate.core import logs
 from ditgate.run.progress import Lines, planned
 from ditgate.run.exec import files as store
 from ditgate.run.judge.gating import audio_floor, judge_row
+from ditgate.run.judge.variants import fold as fold_variants
 from ditgate.core.errors import DitgateError
 from ditgate.core.model import Model
 from ditgate.run.exec.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
@@ -333,6 +334,7 @@ class Runner:
 
         for state in self.states.values():
             judge_row(self, state)
+        fold_variants(self.states)  # a lossy row over several prompts and seeds: each gate on its worst case
         twinned.merge(self.states, self.twin_record)
         audio_floor(self)  # the calibration row's measurement shows in the report even without an audio row gated
         if self.cfg.diff:

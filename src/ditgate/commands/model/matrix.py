@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ditgate.commands.model.options import (add_integration_argument, add_junit_argument, add_model_arguments,
-                                            add_twin_argument, model_from)
+                                            add_twin_argument, add_variant_arguments, model_from, with_variants)
 
 HELP = "acceptance matrix: speed and quality of cache presets, compile, quantization, CP and TP against a baseline"
 
@@ -32,6 +32,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "an N-rank row has N times the cores of the baseline (default 1)")
     parser.add_argument("--json", action="store_true", help="print matrix.json instead of the table")
     add_junit_argument(parser)
+    add_variant_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,6 +42,7 @@ def main(args: argparse.Namespace) -> int:
     model = model_from(args)
     acceptance.check_options(args.tier, model.device, args.warmup, args.repeats, args.threads)
     chosen, profile, note = acceptance.plan_rows(model, args.tier, args.rows_file, args.rows)
+    chosen = with_variants(chosen, args, model)
     if args.list_rows and args.json:
         print(json.dumps([row.to_dict() | {"world_size": row.world_size, "description": row.description}
                           for row in chosen], indent=2, default=str))

@@ -67,6 +67,23 @@ def add_twin_argument(parser: argparse.ArgumentParser) -> None:
                              "pass; only: the twin alone (the model's weights are not needed); off: never")
 
 
+def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", type=Path, metavar="FILE",
+                        help="judge the lossy rows (cache, quantization) on these prompts too: one per line, or a "
+                             "JSON/YAML list; each gate on the worst case, the spread in the report")
+    parser.add_argument("--seeds", type=int, default=1, metavar="N",
+                        help="judge the lossy rows on N seeds (the request's seed and the next N-1; default 1)")
+
+
+def with_variants(rows: list, args: argparse.Namespace, model) -> list:
+    """`rows` plus the lossy rows' variants that --prompts / --seeds ask for (ditgate.run.define.variants)."""
+    from ditgate.gates.verdicts import load_gates
+    from ditgate.run.define import variants
+
+    prompts = variants.read_prompts(args.prompts) if args.prompts else None
+    return variants.expand(rows, prompts, args.seeds, model.request.seed, load_gates())
+
+
 def add_junit_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", type=Path, metavar="FILE",
                         help="also write JUnit XML for a CI: one test case per row (or checklist item), a failure's "

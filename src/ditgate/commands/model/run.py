@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ditgate.commands.model.options import (add_integration_argument, add_junit_argument, add_model_arguments,
-                                            add_twin_argument, model_from)
+                                            add_twin_argument, add_variant_arguments, model_from, with_variants)
 
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
@@ -45,6 +45,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "every multi-rank row starts its own torchrun group (the design before, to compare)")
     parser.add_argument("--json", action="store_true", help="print report.json instead of the table")
     add_junit_argument(parser)
+    add_variant_arguments(parser)
 
 
 def _warmup(given: int | None, device: str) -> int:
@@ -85,6 +86,7 @@ def main(args: argparse.Namespace) -> int:
 
         os.environ[plugin.SPLIT_DIMS_ENV] = json.dumps(plugin.parse_split_dims(args.cp_split_dims))
     model = model_from(args)
+    chosen = with_variants(chosen, args, model)
     cfg = RunConfig(model=model, rows=chosen, out=args.out, integration=args.integration, timeout=args.timeout,
                     resume=args.resume, warmup=_warmup(args.warmup, model.device), repeats=args.repeats,
                     diff=not args.no_diff, launch=args.launch, twin=args.twin)

@@ -43,6 +43,8 @@ class Row:
     compile: bool | dict[str, Any] = False  # torch.compile the transformer(s): True, or options (COMPILE_OPTIONS)
     quantize: dict[str, Any] | None = None  # cache_dit.QuantizeConfig fields, e.g. {"quant_type": "float8_per_row"}
     also_against: dict[str, str] | None = None  # further rows it is gated against: {row name: phase of the gate}
+    # one more prompt or seed of a lossy row (ditgate.run.define.variants): {"of": row, "prompt": text, "seed": n}
+    variant: dict[str, Any] | None = None
 
     @property
     def world_size(self) -> int:
@@ -70,7 +72,7 @@ class Row:
         """Changes whenever anything that affects this row's output changes (used by --resume)."""
         fields = dataclasses.asdict(self) | {"description": ""}
         del fields["also_against"]  # what the row is compared with does not change its output
-        for key in ("compile", "quantize"):  # rows without them keep the fingerprint they had before these existed
+        for key in ("compile", "quantize", "variant"):  # rows without them keep the fingerprint they had before
             if not fields[key]:
                 del fields[key]
         blob = json.dumps(fields, sort_keys=True, default=str)
@@ -78,6 +80,15 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"world_size": self.world_size}
+
+    def request_for(self, request):
+        """The request this row runs: the run's, with its variant's prompt and seed (ditgate.core.request.Request)."""
+        if not self.variant:
+            return request
+        call = dict(request.call)
+        if self.variant.get("prompt") is not None:
+            call["prompt"] = self.variant["prompt"]
+        return dataclasses.replace(request, call=call, seed=self.variant.get("seed", request.seed))
 
 
 # The cache configuration of the default rows: one block in front (Fn=1), none behind, a static schedule that

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 from pathlib import Path
 from typing import Any
@@ -53,7 +55,21 @@ def write(out: Path, report: dict[str, Any]) -> None:
     plot(report, out / "diff.png")
 
 
+def _block_of(module: str) -> tuple[str, str | None]:
+    """(component, block) of a module path: ("transformer", "transformer_blocks.3") for
+    "transformer.transformer_blocks.3.attn.to_q"; block None outside a numbered block list."""
+    parts = module.split(".")
+    component = re.match(r"\w*", parts[0]).group(0) or parts[0]  # "text_encoder[out]" -> text_encoder
+    for i in range(1, len(parts)):
+        if parts[i].isdigit():
+            return component, ".".join(parts[1:i + 1])
+    return component, None
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
+    """diff.png: each module's relative error in execution order (log scale), the tolerance, the first divergence;
+    the components (text encoder, transformer, VAE) separated by lines and named, each block of a block list shaded
+    in turn with its index, so a jump can be read as "in block 3 of single_transformer_blocks"."""
     import math
 
     import matplotlib
@@ -65,16 +81,53 @@ def plot(report: dict[str, Any], path: Path) -> None:
     values = [x.get("rel") for x in lines]
     top = max([v for v in values if v is not None and math.isfinite(v)] + [1.0]) * 10
     ys = [max(top if v is None or not math.isfinite(v) else v, 1e-12) for v in values]
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    ax.semilogy(range(len(ys)), ys, ".-", lw=0.8, ms=3)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    owners = [_block_of(x.get("module", "")) for x in lines]
+    spans: list[tuple[tuple[str, str | None], int, int]] = []
+    for i, owner in enumerate(owners):
+        if spans and spans[-1][0] == owner:
+            spans[-1] = (owner, spans[-1][1], i)
+        else:
+            spans.append((owner, i, i))
+    shade, last_list = 0, None
+    for (component, block), start, end in spans:
+        if block is None:
+            continue
+        shade += 1
+        if shade % 2:
+            ax.axvspan(start - 0.5, end + 0.5, color="0.88", zorder=0, linewidth=0)
+        block_list, number = block.rsplit(".", 1)
+        if block_list != last_list:  # a new block list: a dotted boundary and its name inside the plot's top
+            if last_list is not None:
+                ax.axvline(start - 0.5, color="0.5", linewidth=0.6, linestyle=":")
+            ax.text(start, 0.97, block_list.rsplit(".", 1)[-1], transform=ax.get_xaxis_transform(), ha="left",
+                    va="top", fontsize=6, color="0.3")
+        if end - start >= max(3, len(lines) // 60):  # room for its index above the plot
+            ax.text((start + end) / 2, 1.0, number, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                    fontsize=6, color="0.35")
+        last_list = block_list
+    components: list[tuple[str, int, int]] = []
+    for (component, _), start, end in spans:
+        if components and components[-1][0] == component:
+            components[-1] = (component, components[-1][1], end)
+        else:
+            components.append((component, start, end))
+    for k, (component, start, end) in enumerate(components):
+        if k:
+            ax.axvline(start - 0.5, color="0.3", linewidth=0.8)
+        if end - start >= len(lines) // 40:
+            ax.text(start + 0.5, 0.02, component, transform=ax.get_xaxis_transform(), fontsize=7, color="0.2",
+                    ha="left", va="bottom", rotation=90)
+    ax.semilogy(range(len(ys)), ys, ".-", lw=0.8, ms=3, zorder=3)
     ax.axhline(report["tolerance"]["rel_max_abs"], color="tab:red", ls="--", lw=0.8, label="tolerance")
     index = _first_index(report)
     if index is not None:
         ax.axvline(index, color="tab:orange", lw=0.8, label=f"first: {report['named']}")
-    ax.set_xlabel("module (execution order)")
+    ax.set_xlim(-0.5, len(ys) - 0.5)
+    ax.set_xlabel("module (execution order); shaded: one block each, its index above")
     ax.set_ylabel("relative max-abs error")
-    ax.set_title(f"{report['row']} vs {report['baseline']}")
-    ax.legend(loc="upper left", fontsize=7)
+    ax.set_title(f"{report['row']} vs {report['baseline']}", pad=14)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

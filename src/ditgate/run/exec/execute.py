@@ -186,7 +186,7 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
              stage, pristine: Pristine | None) -> Outcome:
     began = time.perf_counter()
     overhead = {"load_s": 0.0, "restore_s": 0.0}
-    request = model.request
+    request = row.request_for(model.request)
     if pristine is None:
         stage("load")
         pipe = model.load(device)

@@ -19,8 +19,8 @@ SUFFIX = "-cache-off"
 
 def twin(row: Row, steps: int | None) -> Row | None:
     """The caching-off twin of a gated single-process cache row; None when it has none (or the steps are unknown)."""
-    if row.phase != "cache" or row.cache is None or row.world_size != 1 or not steps:
-        return None
+    if row.phase != "cache" or row.cache is None or row.world_size != 1 or not steps or row.variant:
+        return None  # a variant (another prompt or seed) leaves the structural check to its row
     return Row(row.name + SUFFIX, baseline=None, cache=dict(row.cache) | {"mask": [1] * int(steps)},
                compile=row.compile, quantize=row.quantize,
                description=f"{row.name} with caching off: its adapter and functors applied, every step computed")

@@ -105,28 +105,86 @@ def grid_frames(series: dict[str, dict[str, list[float]]], frames: int) -> list[
     return sorted({f for f in picks if 0 <= f < frames})
 
 
-def plot_frames(series: dict[str, dict[str, list[float]]], path: Path) -> Path | None:
-    """frames.png: per-frame PSNR (top) and SSIM (bottom) of each video row; the calibration row dashed, the floor."""
+def frame_gates(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The per-frame thresholds the video rows were judged by, from their verdicts: {"psnr": {label: value},
+    "ssim": {...}}; a label names the phases that share the value ("cache gate > 30 dB")."""
+    found: dict[tuple[str, str, float], list[str]] = {}
+    for r in rows:
+        for c in (r.get("verdict") or {}).get("checks") or []:
+            metric = {"psnr_frame_min": "psnr", "ssim_frame_min": "ssim"}.get(c["metric"])
+            if metric and r.get("phase"):
+                phases = found.setdefault((metric, c["op"], float(c["threshold"])), [])
+                if r["phase"] not in phases:
+                    phases.append(r["phase"])
+    lines: dict[str, dict[str, float]] = {"psnr": {}, "ssim": {}}
+    for (metric, op, value), phases in found.items():
+        unit = " dB" if metric == "psnr" else ""
+        lines[metric][f"{', '.join(phases)} gate {op} {value:g}{unit}"] = value
+    return lines
+
+
+def _gate(axes, label: str, value: float, low: float, high: float, colour: str) -> None:
+    """A gate's threshold: a line where it falls inside the drawn range (widened by half of it), else an entry in the
+    legend saying on which side of the axis it lies, so that a far threshold never squeezes the data into a line."""
+    span = max(high - low, 1e-9)
+    if low - span / 2 <= value <= high + span / 2:
+        axes.axhline(value, color=colour, linestyle="--", linewidth=0.8, label=label)
+    else:  # named in the legend only
+        axes.plot([], [], color=colour, linestyle="--", linewidth=0.8,
+                  label=f"{label} ({'below' if value < low else 'above'} the axis)")
+
+
+def plot_frames(series: dict[str, dict[str, list[float]]], path: Path, rows: list[dict[str, Any]] = ()) -> Path | None:
+    """frames.png: per-frame PSNR (top) and SSIM (bottom) of each video row, the calibration row dashed (the floor),
+    the gates the rows were judged by (`rows`' verdicts) as lines, identical frames (infinite PSNR) as triangles on
+    an "inf" line at the top, the legend beside the plots, plain SSIM ticks."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import ScalarFormatter
 
     if not series:
         return None
     finite = [v for s in series.values() for v in s["psnr"] if math.isfinite(v)]
-    cap = (max(finite) if finite else 60.0) + 5.0  # identical frames (infinite PSNR) are drawn at the top
-    figure = Figure(figsize=(8, 5.5), dpi=110)
+    top_finite = max(finite) if finite else 60.0
+    low = min(finite) if finite else top_finite
+    cap = top_finite + max(3.0, (top_finite - low) * 0.15)  # where identical frames are drawn
+    figure = Figure(figsize=(9.5, 5.5), dpi=110)
     FigureCanvasAgg(figure)
-    top, bottom = figure.add_subplot(2, 1, 1), figure.add_subplot(2, 1, 2)
+    top, bottom = figure.add_subplot(2, 1, 1), figure.add_subplot(2, 1, 2, sharex=None)
+    any_inf = False
     for name, s in series.items():
         style = {"color": "black", "linestyle": "--", "label": "calibration (floor)"} if name == _CALIBRATION \
             else {"label": name, "marker": ".", "linewidth": 0.9}
-        top.plot([v if math.isfinite(v) else cap for v in s["psnr"]], **style)
-        bottom.plot(s["ssim"], **style)
+        frames = range(len(s["psnr"]))
+        line, = top.plot(frames, [v if math.isfinite(v) else math.nan for v in s["psnr"]], **style)
+        inf = [i for i, v in enumerate(s["psnr"]) if not math.isfinite(v)]
+        if inf:
+            any_inf = True
+            top.plot(inf, [cap] * len(inf), linestyle="none", marker="^", color=line.get_color())
+        bottom.plot(frames, s["ssim"], **{k: v for k, v in style.items() if k != "label"})
+    gates = frame_gates(rows)
+    colours = iter(["tab:red", "tab:purple", "tab:brown", "tab:olive"])
+    ssim_values = [v for s in series.values() for v in s["ssim"] if math.isfinite(v)] or [1.0]
+    for metric, axes, lo, hi in (("psnr", top, low, cap if any_inf else top_finite),
+                                 ("ssim", bottom, min(ssim_values), max(ssim_values))):
+        for label, value in gates[metric].items():
+            _gate(axes, label, value, lo, hi, next(colours, "tab:gray"))
+    if any_inf:
+        ticks = [t for t in top.get_yticks() if low - 1 <= t < cap - 1]
+        top.set_yticks(ticks + [cap], [f"{t:g}" for t in ticks] + ["inf"])
+        top.axhline(cap, color="gray", linewidth=0.5)
+    formatter = ScalarFormatter(useOffset=False)
+    formatter.set_scientific(False)
+    bottom.yaxis.set_major_formatter(formatter)
     top.set_ylabel("PSNR (dB)")
     bottom.set_ylabel("SSIM")
     bottom.set_xlabel("frame")
-    top.set_title("per frame, against each row's baseline; identical frames at the top")
-    top.legend(fontsize=7, loc="lower left")
+    top.set_xlabel("frame")
+    top.set_title("per frame, against each row's baseline" + ("; identical frames: triangles at inf" if any_inf
+                                                               else ""), fontsize=10)
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    if bottom.get_legend_handles_labels()[0]:
+        bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     figure.tight_layout()
     tmp = path.with_name("." + path.name + ".tmp")
     figure.savefig(tmp, format="png")

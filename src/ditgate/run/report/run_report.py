@@ -19,6 +19,7 @@ from ditgate.run.report import floor_report, twin_report
 from ditgate.run.report.grid import grid
 from ditgate.run.exec import files as store
 from ditgate.gates.verdicts import format_value, json_ready
+from ditgate.run.report import spread
 from ditgate.core.paths import checklists_dir
 
 SCHEMA = "report.schema.json"
@@ -244,6 +245,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Video frames (per-frame PSNR and SSIM; the calibration row, when it ran, is the floor)", "",
                   f"![per-frame PSNR and SSIM]({report['frames_plot']})"]
     lines += _time_lines(report)
+    lines += spread.lines(report["rows"])
     media = [r for r in report["rows"] if r.get("media")]
     if media:
         lines += ["", "## Outputs to open", ""]
@@ -340,7 +342,7 @@ def write(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
         length = len(next(iter(series.values()))["psnr"])
         frames = floor_report.grid_frames(series, length)
         report["grid_frames"] = frames
-    plot = floor_report.plot_frames(series, run_dir / floor_report.FRAMES_PLOT)
+    plot = floor_report.plot_frames(series, run_dir / floor_report.FRAMES_PLOT, report["rows"])
     report["frames_plot"] = plot.name if plot else None
     picture = grid(run_dir, report, frames)
     report["grid"] = str(picture.name) if picture else None
