@@ -2,12 +2,15 @@
 
 Fast tier: the code an export writes (adapter, functor module, planner module, activation lines) for the three
 examples outside diffusers, resolved by cache-dit's own registries in a process that never imports ditgate;
-exporting twice writes nothing; a tree that already registers the name is refused.
+exporting twice writes nothing; a tree that already registers the name is refused; a file that fails its rows is
+not exported; a read-only tree is refused in one line. Full tier: whole exports (gate run, proof without the file,
+the written test under pytest alone) and exporting again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -97,3 +100,90 @@ def test_a_name_the_tree_already_registers_is_refused(exported, tmp_path):
                                                                           "relayout: bool = False"))
     with pytest.raises(ExportError, match="already registers 'TinyMoE'"):
         code_edits(Tree.open(tree_dir), Source.read(other), Names.of("TinyMoEPipeline", "TinyMoETransformer2DModel"))
+
+
+# -- the whole command: gate run, proof without the file, the written test under pytest alone ------------------------
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ditgate", *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def tinymoe_export(tmp_path_factory):
+    """zoo:tinymoe (an MoE DiT outside diffusers) exported into a fresh copy of the installed cache-dit."""
+    tree_dir = copy_cache_dit(tmp_path_factory.mktemp("tree-moe"))
+    out = tmp_path_factory.mktemp("export-moe")
+    done = _cli("export", "--integration", str(ROOT / EXAMPLES["tinymoe"][0]), "--model", "zoo:tinymoe",
+                "--to", str(tree_dir), "--out", str(out), "--json")
+    return tree_dir, out, done
+
+
+@pytest.mark.full
+def test_export_writes_proves_and_passes_its_own_test(tinymoe_export):
+    tree_dir, out, done = tinymoe_export
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["status"] == "exported" and result["gate_passed"] and result["proof_passed"]
+    # the proof imported cache-dit from the staged tree, not from site-packages
+    assert result["proof_cache_dit"].endswith("/cache_dit") and "site-packages" not in result["proof_cache_dit"]
+    assert result["pytest"]["passed"] and "5 passed" in result["pytest"]["summary"]
+    written = set(result["written"])
+    assert {"cache_dit/distributed/transformers/tinymoe.py", "cache_dit/caching/block_adapters/adapters.py",
+            "cache_dit/distributed/transformers/planners.py", "cache_dit/_utils/examples.py",
+            "tests/test_tinymoe_parallel.py", "tests/tinymoe_twin/model_index.json",
+            "tests/tinymoe_twin/code/tinymoe/transformer_tinymoe.py"} <= written
+    assert not any(f.endswith(".safetensors") for f in written)  # the test carries configs, never weights
+    patch = (out / "export.patch").read_text()
+    assert patch.count("diff --git") == len(written) and "+@BlockAdapterRegister.register(\"TinyMoE\")" in patch
+    pr = (out / "PR.md").read_text()
+    assert "## Proof: the rows with no integration file" in pr and "| tp-2 | passed |" in pr
+    # the written test, run again here by pytest alone on the real tree (no ditgate module in that process)
+    code = ("import sys, pytest; rc = pytest.main(['-q', '-p', 'no:cacheprovider', '-k', 'caching_off or tp-2', "
+            "sys.argv[1]]); sys.exit(99 if 'ditgate' in sys.modules else rc)")
+    again = subprocess.run([sys.executable, "-c", code, str(tree_dir / "tests/test_tinymoe_parallel.py")],
+                           capture_output=True, text=True, cwd=tree_dir / "tests",
+                           env={"PYTHONPATH": str(tree_dir), "PATH": "/usr/bin:/bin", "HOME": str(tree_dir)})
+    assert again.returncode == 0, again.stdout[-3000:]
+
+
+@pytest.mark.full
+def test_exporting_again_is_a_no_op(tinymoe_export):
+    tree_dir, _, _ = tinymoe_export
+    before = _snapshot(tree_dir)
+    again = _cli("export", "--integration", str(ROOT / EXAMPLES["tinymoe"][0]), "--model", "zoo:tinymoe",
+                 "--to", str(tree_dir), "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["status"] == "unchanged"
+    assert _snapshot(tree_dir) == before
+
+
+def test_a_file_that_fails_its_rows_is_not_exported(tmp_path):
+    """A TP plan that multiplies gates with gates fails tp-2: exit 1, the table says why, nothing written."""
+    fresh = copy_cache_dit(tmp_path / "fresh")
+    pristine = _snapshot(fresh)
+    bad = _cli("export", "--integration", str(ROOT / "examples/tinymoe/integration_wrong_swiglu_halves.py"),
+               "--model", "zoo:tinymoe", "--to", str(fresh), "--rows", "tp-2", "--out", str(tmp_path / "out"))
+    assert bad.returncode == 1, bad.stderr[-2000:]
+    assert "Not exported: the integration file fails its rows" in bad.stdout and "| tp-2 | failed |" in bad.stdout
+    assert _snapshot(fresh) == pristine and not (fresh / "tests").exists()
+
+
+def test_a_read_only_tree_is_refused_in_one_line(tmp_path):
+    tree_dir = copy_cache_dit(tmp_path / "ro")
+    command = [sys.executable, "-m", "ditgate", "export", "--integration", str(ROOT / EXAMPLES["tinymm"][0]),
+               "--model", "zoo:tinymm", "--to", str(tree_dir)]
+    if os.geteuid() == 0:  # root writes through any mode bits: mount the tree read-only in a private namespace
+        if shutil.which("unshare") is None:
+            pytest.skip("running as root without unshare: no way to make a folder read-only here")
+        probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind -o ro {tree_dir} {tree_dir}"],
+                               capture_output=True)
+        if probe.returncode != 0:
+            pytest.skip("running as root and cannot mount a folder read-only here")
+        command = ["unshare", "-m", "sh", "-c", f'mount --bind -o ro "$0" "$0" && exec "$@"', str(tree_dir),
+                   *command]
+    else:
+        for path in [tree_dir, *tree_dir.rglob("*")]:
+            path.chmod(path.stat().st_mode & ~0o222)
+    before = _snapshot(tree_dir)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [f"ditgate: error: {tree_dir} is not writable"]
+    assert _snapshot(tree_dir) == before

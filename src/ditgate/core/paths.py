@@ -49,3 +49,20 @@ def data_root() -> Path:
 
 def checklists_dir() -> Path:
     return data_root() / "checklists"
+
+
+def use_cache_dit(folder: str | os.PathLike) -> Path:
+    """Import cache-dit from `folder` (the folder that holds the `cache_dit` package: a checkout's src/, an export's
+    tree) in this process and every rank it starts (sys.path here, PYTHONPATH for torchrun). Called before anything
+    imports cache_dit; a cache_dit already imported from elsewhere is an error."""
+    import sys
+
+    root = Path(folder).absolute()
+    if not (root / "cache_dit" / "__init__.py").is_file():
+        raise DitgateError(f"--cache-dit {folder}: no cache_dit package in that folder")
+    loaded = sys.modules.get("cache_dit")
+    if loaded is not None and Path(loaded.__file__).parent.parent != root:
+        raise DitgateError(f"--cache-dit {folder}: cache_dit is already imported from {Path(loaded.__file__).parent}")
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return root

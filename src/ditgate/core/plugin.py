@@ -156,6 +156,33 @@ def split_dims(path: Path, value: Any) -> dict[str, int | None] | None:
     return dict(value)
 
 
+SPLIT_DIMS_ENV = "DITGATE_CP_SPLIT_DIMS"
+
+
+def parse_split_dims(text: str) -> dict[str, int | None]:
+    """`--cp-split-dims spatial_blocks=1,temporal_blocks=0,refiner=none`: CP_SPLIT_DIMS without an integration file
+    (the model's planners live in cache-dit, e.g. an exported tree), for the CP proof."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PluginError(f"--cp-split-dims {item!r}: write LIST=DIM (e.g. temporal_blocks=0, or LIST=none)")
+        try:
+            out[key] = None if value.lower() == "none" else int(value)
+        except ValueError:
+            raise PluginError(f"--cp-split-dims {item!r}: the dimension is an integer or none") from None
+    return split_dims(Path("--cp-split-dims"), out)
+
+
+def declared_split_dims() -> dict[str, int | None] | None:
+    """The split dimensions `--cp-split-dims` set for this run (inherited by its ranks), or None."""
+    import json
+    import os
+
+    text = os.environ.get(SPLIT_DIMS_ENV)
+    return json.loads(text) if text else None
+
+
 def _import(path: Path, name: str):
     activate_cache_dit_planners()
     spec = importlib.util.spec_from_file_location(name, path)

@@ -10,6 +10,8 @@ May import: `ditgate.core`, `ditgate.zoo`, `ditgate.twin`, `ditgate.metrics`, `d
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ditgate.export import compose
 from ditgate.export.compose import Names
 from ditgate.export.source import Source
@@ -18,46 +20,51 @@ from ditgate.export.tree import ADAPTERS, ADAPTERS_INIT, PLANNERS, ExportError, 
 __all__ = ["ExportError", "Names", "Source", "Tree", "code_edits"]
 
 
-def code_edits(tree: Tree, source: Source, names: Names) -> list[str]:
-    """Add the adapter, its functor module and the planner module to the tree's edits; returns what cache-dit
-    1.5.3 cannot take from the file (one line each), empty when it takes everything."""
+def code_edits(tree: Tree, source: Source, names: Names) -> None:
+    """Add the adapter, its functor module and the planner module to the tree's edits, after refusing a tree that
+    already registers the name. A shorter prefix the tree registers that also matches the model's classes ("Flux"
+    for Flux3) would catch them first (cache-dit takes the first prefix that matches, in registration order): the
+    exported entries go in ahead of it."""
     planners = compose.planner_module(source, names)
     functor, functor_names = compose.functor_module(source, names)
     adapter = compose.adapter_function(source, names, functor_names)
-    origin = source.path.name
-    marker = names.marker(origin)
+    marker = names.marker(source.path.name)
     adapter_block = f"{marker}\n{adapter}\n" if adapter else None
-    init_line = f'{names.slug}_adapter = _safe_import(".adapters", "{names.slug}_adapter")\n'
     planner_rel = f"cache_dit/distributed/transformers/{names.slug}.py"
     functor_rel = f"cache_dit/caching/patch_functors/functor_{names.slug}.py"
-    _refuse_taken(tree, names, {ADAPTERS: adapter_block or "", planner_rel: planners or ""},
-                  cache=adapter is not None, parallel=planners is not None)
+    ahead = _refuse_taken(tree, names, {ADAPTERS: adapter_block or "", planner_rel: planners or ""},
+                          cache=adapter is not None, parallel=planners is not None)
     if adapter:
-        tree.append(ADAPTERS, adapter_block)
-        tree.append(ADAPTERS_INIT, init_line)
+        tree.insert_before(ADAPTERS, adapter_block, [f'@BlockAdapterRegister.register("{k}")'
+                                                     for k in ahead.get("BlockAdapterRegister", [])])
+        tree.append(ADAPTERS_INIT, f'{names.slug}_adapter = _safe_import(".adapters", "{names.slug}_adapter")\n')
     if functor:
         tree.new_file(functor_rel, functor)
     if planners:
-        module = names.slug
-        if source.function("cp_plan") is not None:
-            tree.insert_in_function(PLANNERS, "_activate_cp_planners", [
-                f"  {names.prefix}ContextParallelismPlanner = _safe_import(  # noqa: F841",
-                f'    ".{module}", "{names.prefix}ContextParallelismPlanner", ImportErrorContextParallelismPlanner)'],
-                before_try=True)
-        if source.function("tp_plan") is not None:
-            tree.insert_in_function(PLANNERS, "_activate_tp_planners", [
-                f"  {names.prefix}TensorParallelismPlanner = _safe_import(  # noqa: F841",
-                f'    ".{module}", "{names.prefix}TensorParallelismPlanner", ImportErrorTensorParallelismPlanner)'])
+        for kind, function, hook in (("Context", "_activate_cp_planners", "cp_plan"),
+                                     ("Tensor", "_activate_tp_planners", "tp_plan")):
+            if source.function(hook) is None:
+                continue
+            modules = [Path(rel).stem for rel in ahead.get(f"{kind}ParallelismPlannerRegister", [])]
+            tree.insert_in_function(PLANNERS, function, [
+                f"  {names.prefix}{kind}ParallelismPlanner = _safe_import(  # noqa: F841",
+                f'    ".{names.slug}", "{names.prefix}{kind}ParallelismPlanner", ImportError{kind}ParallelismPlanner)'],
+                before_try=kind == "Context", before_modules=modules)
         tree.new_file(planner_rel, planners)
-    return []
 
 
-def _refuse_taken(tree: Tree, names: Names, ours: dict[str, str], cache: bool, parallel: bool) -> None:
+def _refuse_taken(tree: Tree, names: Names, ours: dict[str, str], cache: bool, parallel: bool) -> dict[str, list]:
+    """Refuse a tree that registers the prefix itself; the registrations of shorter prefixes that match the model's
+    classes ({register: [key (adapters) or file (planners)]}), which the export goes ahead of."""
+    ahead: dict[str, list] = {}
     for register, key, rel in tree.registrations(ours):
         adapter = register == "BlockAdapterRegister"
-        if (adapter and not cache) or (not adapter and not parallel):
+        if register == "ExampleRegister" or (adapter and not cache) or (not adapter and not parallel):
             continue
         matched = names.pipeline_class if adapter else names.transformer_class
-        if key == names.prefix or matched.startswith(key):
-            raise ExportError(f"{tree.root} already registers {key!r} ({register} in {rel}), which matches "
-                              f"{matched}: cache-dit would use that entry, not the exported one")
+        if key == names.prefix:
+            raise ExportError(f"{tree.root} already registers {key!r} ({register} in {rel}): cache-dit would use "
+                              "that entry, not the exported one; export into a tree without it")
+        if matched.startswith(key):
+            ahead.setdefault(register, []).append(key if adapter else rel)
+    return ahead

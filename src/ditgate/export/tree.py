@@ -23,8 +23,8 @@ ADAPTERS = "cache_dit/caching/block_adapters/adapters.py"
 ADAPTERS_INIT = "cache_dit/caching/block_adapters/__init__.py"
 PLANNERS = "cache_dit/distributed/transformers/planners.py"
 EXAMPLES = "cache_dit/_utils/examples.py"
-_REGISTER = re.compile(r'(BlockAdapterRegister|ContextParallelismPlannerRegister|TensorParallelismPlannerRegister)'
-                       r'\.register\(\s*"([^"]+)"')
+_REGISTER = re.compile(r'(BlockAdapterRegister|ContextParallelismPlannerRegister|TensorParallelismPlannerRegister'
+                       r'|ExampleRegister)\.register\(\s*"([^"]+)"')
 
 
 class ExportError(DitgateError):
@@ -34,7 +34,7 @@ class ExportError(DitgateError):
 @dataclass
 class Tree:
     root: Path
-    files: dict[str, str] = field(default_factory=dict)  # relative path -> new text (what the export writes)
+    files: dict[str, str | bytes] = field(default_factory=dict)  # relative path -> new content (text or bytes)
 
     @classmethod
     def open(cls, root: str | Path) -> "Tree":
@@ -58,6 +58,11 @@ class Tree:
             return self.files[rel]
         path = self.root / rel
         return path.read_text() if path.is_file() else None
+
+    def holds(self, rel: str, data: str | bytes) -> bool:
+        """Does the tree (with the pending edits) hold exactly `data` at `rel`, or nothing there?"""
+        old = self.files[rel] if rel in self.files else _read(self.root / rel, data)
+        return old is None or old == data
 
     def registrations(self, skip: dict[str, str]) -> list[tuple[str, str, str]]:
         """(register, key, file) of every registration in the package, the text of `skip` (file -> exact block the
@@ -85,8 +90,27 @@ class Tree:
             return
         self.files[rel] = text.rstrip("\n") + "\n\n\n" + block.rstrip("\n") + "\n"
 
-    def insert_in_function(self, rel: str, function: str, lines: list[str], before_try: bool = False) -> None:
-        """Insert `lines` at the end of a top-level function's body (before its first `try:` with `before_try`)."""
+    def insert_before(self, rel: str, block: str, anchors: list[str]) -> None:
+        """Put `block` before the first line that starts with one of `anchors` (its comment lines above it
+        included), or at the end of the file when there is none."""
+        text = self.current(rel)
+        if block in text:
+            self.files[rel] = text
+            return
+        rows = text.split("\n")
+        at = next((i for i, row in enumerate(rows) if any(row.startswith(a) for a in anchors)), None)
+        if at is None:
+            self.append(rel, block)
+            return
+        while at > 0 and rows[at - 1].startswith("#"):
+            at -= 1
+        rows[at:at] = block.rstrip("\n").split("\n") + ["", ""]
+        self.files[rel] = "\n".join(rows)
+
+    def insert_in_function(self, rel: str, function: str, lines: list[str], before_try: bool = False,
+                           before_modules: list[str] = ()) -> None:
+        """Insert `lines` at the end of a top-level function's body: before its first `try:` with `before_try`,
+        before the first statement that imports one of `before_modules` (`_safe_import(".flux", ...)`)."""
         text = self.current(rel)
         block = "\n".join(lines) + "\n"
         if block in text:
@@ -96,6 +120,13 @@ class Tree:
         if node is None:
             raise ExportError(f"{self.root / rel} has no function {function} (cache-dit 1.5.x layout expected)")
         at = node.end_lineno
+        first = next((n for n in node.body if any(f'".{m}"' in ast.get_source_segment(text, n) or ""
+                                                   for m in before_modules)), None) if before_modules else None
+        if first is not None:
+            rows = text.split("\n")
+            rows[first.lineno - 1:first.lineno - 1] = block.rstrip("\n").split("\n")
+            self.files[rel] = "\n".join(rows)
+            return
         if before_try:
             tries = [n for n in node.body if isinstance(n, ast.Try)]
             if tries:
@@ -106,25 +137,22 @@ class Tree:
         rows[at:at] = block.rstrip("\n").split("\n")
         self.files[rel] = "\n".join(rows)
 
-    def changed(self) -> dict[str, str]:
-        """The files whose text the export changes (relative path -> new text)."""
-        out = {}
-        for rel, text in self.files.items():
-            path = self.root / rel
-            if not path.is_file() or path.read_text() != text:
-                out[rel] = text
-        return out
+    def changed(self) -> dict[str, str | bytes]:
+        """The files whose content the export changes (relative path -> new content)."""
+        return {rel: data for rel, data in self.files.items() if _read(self.root / rel, data) != data}
 
     def patch(self) -> str:
         """Every file the export writes, as a `git diff`-style patch (paths a/ and b/ relative to the tree)."""
         chunks = []
-        for rel, text in sorted(self.files.items()):
-            path = self.root / rel
-            old = path.read_text() if path.is_file() else None
-            if old == text:
-                continue
-            chunks.append(_diff(rel, old, text))
+        for rel, data in sorted(self.changed().items()):
+            chunks.append(_diff(rel, _read(self.root / rel, data), data))
         return "".join(chunks)
+
+    def check_root_writable(self) -> None:
+        """Refuse early (before any model is loaded) a tree this process cannot write into."""
+        for folder in (self.root / "cache_dit", self.root):
+            if not os.access(folder, os.W_OK):
+                raise ExportError(f"{self.root} is not writable")
 
     def check_writable(self) -> None:
         for rel in self.changed():
@@ -140,14 +168,14 @@ class Tree:
         self.check_writable()
         staged: list[tuple[Path, Path, str | None]] = []
         try:
-            for rel, text in changed.items():
+            for rel, data in changed.items():
                 target = self.root / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-                with os.fdopen(fd, "w") as handle:
-                    handle.write(text)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data.encode() if isinstance(data, str) else data)
                 os.chmod(tmp, 0o644)
-                staged.append((Path(tmp), target, target.read_text() if target.is_file() else None))
+                staged.append((Path(tmp), target, target.read_bytes() if target.is_file() else None))
         except OSError as exc:
             for tmp, _, _ in staged:
                 tmp.unlink(missing_ok=True)
@@ -161,15 +189,30 @@ class Tree:
             for tmp, target, old in staged:
                 tmp.unlink(missing_ok=True)
                 if target in done:
-                    target.write_text(old) if old is not None else target.unlink()
+                    target.write_bytes(old) if old is not None else target.unlink()
             raise ExportError(f"writing {self.root} failed: {exc}") from exc
         return sorted(changed)
 
 
-def _diff(rel: str, old: str | None, new: str) -> str:
+def _read(path: Path, like: str | bytes) -> str | bytes | None:
+    """The file's content as text or bytes, like `like`; None when it does not exist."""
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    if isinstance(like, bytes):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
+def _diff(rel: str, old: str | bytes | None, new: str | bytes) -> str:
+    head = f"diff --git a/{rel} b/{rel}\n" + ("new file mode 100644\n" if old is None else "")
+    if isinstance(new, bytes) or isinstance(old, bytes):
+        return head + f"Binary files {'/dev/null' if old is None else 'a/' + rel} and b/{rel} differ\n"
     a = old.splitlines(keepends=True) if old is not None else []
     b = new.splitlines(keepends=True)
-    head = f"diff --git a/{rel} b/{rel}\n" + ("new file mode 100644\n" if old is None else "")
     body = "".join(difflib.unified_diff(a, b, fromfile="/dev/null" if old is None else f"a/{rel}",
                                         tofile=f"b/{rel}", n=3))
     return head + body

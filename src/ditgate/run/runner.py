@@ -90,7 +90,7 @@ def _versions() -> dict[str, str]:
 
     return {"torch": torch.__version__, "diffusers": diffusers.__version__,
             "transformers": transformers.__version__, "cache_dit": cache_dit.__version__,
-            "python": sys.version.split()[0]}
+            "cache_dit_from": str(Path(cache_dit.__file__).parent), "python": sys.version.split()[0]}
 
 
 def preflight(cfg: RunConfig, row: Row) -> str | None:

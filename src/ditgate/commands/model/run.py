@@ -22,6 +22,13 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "max_warmup_steps=4 residual_diff_threshold=0.05 Fn_compute_blocks=2, or mask=fast, "
                              "taylorseer=1)")
     add_integration_argument(parser)
+    parser.add_argument("--cache-dit", type=Path, metavar="DIR",
+                        help="import cache-dit from DIR, the folder that holds the cache_dit package (a checkout's "
+                             "src/, an export's tree), here and in every rank; PYTHONPATH is honoured too, and the "
+                             "report names the folder cache-dit came from")
+    parser.add_argument("--cp-split-dims", metavar="LIST=DIM,...",
+                        help="without --integration: the dimension CP divides in what each block list returns, as "
+                             "an integration file's CP_SPLIT_DIMS says (e.g. spatial_blocks=1,temporal_blocks=0)")
     add_twin_argument(parser)
     parser.add_argument("--out", type=Path, help="run folder (default: a new folder under runs/)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished rows")
@@ -52,6 +59,10 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.run.define import rows as rows_mod
     from ditgate.run.runner import RunConfig, run
 
+    if args.cache_dit is not None:
+        from ditgate.core.paths import use_cache_dit
+
+        use_cache_dit(args.cache_dit)
     base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
     chosen = rows_mod.with_cache_config(rows_mod.select(base, args.rows), rows_mod.parse_cache_config(args.cache_config))
     if args.list_rows and args.json:
@@ -68,6 +79,12 @@ def main(args: argparse.Namespace) -> int:
                   "gated row uses its floor; a floor that comes out infinite or not finite is unusable, and the "
                   "report says the defaults were kept)")
         return 0
+    if args.cp_split_dims:
+        import os
+
+        from ditgate.core import plugin
+
+        os.environ[plugin.SPLIT_DIMS_ENV] = json.dumps(plugin.parse_split_dims(args.cp_split_dims))
     model = model_from(args)
     chosen = with_variants(chosen, args, model)
     cfg = RunConfig(model=model, rows=chosen, out=args.out, integration=args.integration, timeout=args.timeout,

@@ -32,6 +32,7 @@ from ditgate.core import request as request_mod
 from ditgate.gates.calibration import OutputNoise
 from ditgate.core.errors import DitgateError
 from ditgate.run.exec.isolation import ClassSnapshot, Pristine
+from ditgate.core import plugin
 from ditgate.core.plugin import Integration
 from ditgate.core.components import transformers_of
 from ditgate.run.exec.probes import Probes, compiled_modules, quantized_weights, sharded_weights
@@ -223,7 +224,7 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
                 times.append(took)
         output, modality = decoded(out)
         facts = probes.facts(request.steps)
-        facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else None
+        facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else plugin.declared_split_dims()
         facts["cache"] = _cache_stats(target) if row.cache else None
         if modular.is_modular_class(type(pipe)):
             facts["modular"] = modular_rows.row_facts(pipe, target if row.cache else None)
