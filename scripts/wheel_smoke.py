@@ -88,7 +88,7 @@ def commands(work: Path, quick: bool) -> list[tuple[list[str], int]]:
         (["checklist", "--validate"], 0),
         (["skill", "install", "--target", str(work / "project")], 0),
         (["gate", "--phase", "cache", str(work / "a.npy"), str(work / "b.npy"), "--modality", "image"], 0),
-        (["run", "zoo:flux", "--rows", "cache", "--out", str(work / "run")], 0),
+        (["run", "zoo:flux", "--rows", "cache", "--out", str(work / "run"), "-q"], 0),
     ]
     if quick:
         return cheap

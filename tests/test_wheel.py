@@ -36,9 +36,11 @@ def _check(records, work: Path):
     assert "ditgate/_data/checklists/gates.json" in names
     assert any(n.startswith("ditgate/twin/configs/flux1-dev/") for n in names)
     assert not any("__pycache__" in n for n in names)
-    # the gated run read the packaged gate table and passed
+    # the gated run read the packaged gate table, passed, and with -q printed nothing at all
     report = (work / "run" / "report.md").read_text()
-    assert "cache" in report
+    assert "**PASS**" in report and "| cache |" in report
+    quiet = next(r for r in records if r["args"][:2] == ["run", "zoo:flux"])
+    assert quiet["output"] == "", quiet["output"]
 
 
 def test_wheel_runs_from_outside_the_checkout(tmp_path):

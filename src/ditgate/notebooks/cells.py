@@ -207,6 +207,7 @@ def show(data: Any, results_of: Path | None = None) -> None:
         store.write_text(Path(results_of) / "results.md", table)
     else:
         table = view.strip_pictures((run_dir / ("matrix.md" if matrix else "report.md")).read_text())
+        table = table.replace("](rows/", f"]({run_dir.name}/rows/")  # links from the notebook, one folder up
     display(Markdown(table))
     if not matrix:
         for row in data["rows"]:
