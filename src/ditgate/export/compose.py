@@ -75,8 +75,7 @@ def planner_module(source: Source, names: Names) -> str | None:
                     "    def _apply(self, transformer, parallelism_config, **kwargs):\n"
                     "        layer_plans = tp_plan(transformer, self.mesh(parallelism_config), parallelism_config)\n"
                     "        return transformer, list(layer_plans or [])")
-    code = "\n".join(lines) + "\n\n\n" + "\n\n\n".join(body) + "\n"
-    return two_space(code)
+    return two_space(_module(lines, "\n\n\n".join(body)))
 
 
 def functor_module(source: Source, names: Names) -> tuple[str | None, list[str]]:
@@ -89,8 +88,13 @@ def functor_module(source: Source, names: Names) -> tuple[str | None, list[str]]
     direct = sorted(source.uses_of(["block_adapter"]) & set(definitions))
     lines = [header(names, source.path.name, "what its BlockAdapter patches"), ""]
     lines += source.imports_for(source.uses_of(definitions))
-    code = "\n".join(lines) + "\n\n\n" + source.text(definitions) + "\n"
-    return two_space(code), direct
+    return two_space(_module(lines, source.text(definitions))), direct
+
+
+def _module(head: list[str], body: str) -> str:
+    """A module's text: its docstring, its imports (if any), two blank lines, the body."""
+    doc, imports = head[0], [line for line in head[1:] if line]
+    return doc + ("\n" + "\n".join(imports) if imports else "") + "\n\n\n" + body + "\n"
 
 
 def adapter_function(source: Source, names: Names, functor_names: list[str]) -> str | None:

@@ -92,10 +92,13 @@ def plan(model, integration: Path, to: Path, out: Path | None, rows: list[str] |
     if model.is_modular:
         result.upstream.append(
             f"{pipeline} is a ModularPipeline: cache-dit 1.5.3's enable_cache(pipe) refuses one, so the adapter "
-            f"registered under {names.prefix!r} is reached through BlockAdapterRegister.get_adapter(pipe) and "
+            f"registered under {names.prefix!r} is called from the registry by prefix and handed to "
             "enable_cache(adapter); upstream would need enable_cache to accept a ModularPipeline (find the adapter "
-            "by the modular class's or the transformer's name, count transformer calls per step from its guider) "
-            "and cache-dit-generate to load modular pipelines")
+            "by the modular class's or the transformer's name, count transformer calls per step from its guider), "
+            "BlockAdapterRegister.get_adapter to accept one (it asserts an nn.Module), its forward hooks to keep "
+            "the transformer's signature (modular denoisers read inspect.signature(transformer.forward) to pick "
+            "the arguments they pass; the written test sets it back), and cache-dit-generate to load modular "
+            "pipelines")
     twin = twin_mod.cached(model.name, pipeline=model.pipeline, trust_remote_code=model.trust_remote_code,
                            seed=model.request.seed, quiet=True)
     twin_rel = written.twin_folder(tree, names, twin.folder)

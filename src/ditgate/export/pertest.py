@@ -31,6 +31,7 @@ PARALLEL = {"ulysses-2": {"ulysses_size": 2}, "ring-2": {"ring_size": 2}, "tp-2"
 CACHED = True  # the model registers a BlockAdapter
 # -- body --
 STEPS = int(CALL["num_inference_steps"])
+MODULAR = (TWIN / "modular_model_index.json").is_file()  # a diffusers ModularPipeline
 # the static schedule: the warm-up steps, then every other step, always the last one
 MASK = [1 if i < 2 or (i - 2) % 2 == 1 or i == STEPS - 1 else 0 for i in range(STEPS)]
 
@@ -70,11 +71,13 @@ def build_pipeline():
     code = TWIN / "code"  # the model's own package, for a model outside diffusers
     if code.is_dir() and str(code) not in sys.path:
         sys.path.insert(0, str(code))
-    index = json.loads((TWIN / "model_index.json").read_text())
+    index = json.loads((TWIN / ("modular_model_index.json" if MODULAR else "model_index.json")).read_text())
     parts = {}
     for name, spec in index.items():
         if name.startswith("_") or not isinstance(spec, list):
             continue
+        if MODULAR and len(spec) > 2 and isinstance(spec[2], dict) and spec[2].get("type_hint"):
+            spec = list(spec[2]["type_hint"])
         if spec[0] is None or spec[1] is None:
             parts[name] = None
             continue
@@ -91,13 +94,32 @@ def build_pipeline():
             parts[name] = cls.from_pretrained(folder)
             continue
         parts[name] = model.to(torch.float32).eval()
-    pipe = _class(index["_class_name"])(**parts)
-    pipe.set_progress_bar_config(disable=True)
+    if MODULAR:  # its blocks from the index, then the components built here
+        pipe = diffusers.ModularPipeline.from_pretrained(str(TWIN))
+        pipe.update_components(**{k: v for k, v in parts.items() if v is not None})
+    else:
+        pipe = _class(index["_class_name"])(**parts)
+    if hasattr(pipe, "set_progress_bar_config"):
+        pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
+def _modular_call(pipe):
+    """A modular pipeline's call: the arguments its blocks take; the others its guider keeps (guidance_scale)."""
+    inputs = set(pipe.blocks.input_names)
+    guider = getattr(pipe, "guider", None)
+    for key, value in CALL.items():
+        if key not in inputs and guider is not None and hasattr(guider, key):
+            setattr(guider, key, value)
+    return {k: v for k, v in CALL.items() if k in inputs}
+
+
 def generate(pipe) -> torch.Tensor:
-    """The final latents of the call (from the step callback, else the latent output)."""
+    """The final latents of the call (from the step callback, else the latent output; a modular pipeline's state)."""
+    if MODULAR:
+        with torch.no_grad():
+            state = pipe(**_modular_call(pipe), generator=torch.Generator("cpu").manual_seed(SEED))
+        return state.get("latents")
     kwargs = dict(CALL)
     params = inspect.signature(type(pipe).__call__).parameters
     seen = {}
@@ -140,14 +162,54 @@ def _cache_config(mask):
                                    steps_computation_policy="static")
 
 
+def _cached(pipe, mask):
+    """Enable the cache through the registered adapter; the object cache-dit was given. cache-dit's
+    enable_cache(pipe) refuses a ModularPipeline (and get_adapter asserts an nn.Module), so for one the adapter
+    function registered under the class name's prefix is called directly, with has_separate_cfg as many transformer
+    calls per step as its guider makes."""
+    import cache_dit
+
+    assert cache_dit.BlockAdapterRegister.is_supported(pipe), "the pipeline has no registered BlockAdapter"
+    target = pipe
+    if MODULAR:
+        names = (type(pipe).__name__.removesuffix("ModularPipeline"), type(pipe.transformer).__name__)
+        build = next(f for n in names for p, f in cache_dit.BlockAdapterRegister._adapters.items() if n.startswith(p))
+        target = build(pipe)
+        target.has_separate_cfg = _calls_per_step(pipe) > 1
+    cache_dit.enable_cache(target, cache_config=_cache_config(mask))
+    _keep_signature(pipe)
+    return target
+
+
+def _keep_signature(pipe) -> None:
+    """cache-dit's hooks wrap `transformer.forward` as `(*args, **kwargs)`; a modular denoiser picks the keyword
+    arguments it passes from `inspect.signature(transformer.forward)` and would pass none. Give the wrapper the
+    model's signature back (its behaviour is unchanged)."""
+    if not MODULAR:
+        return
+    transformer = pipe.transformer
+    wanted = inspect.signature(type(transformer).forward.__get__(transformer))
+    current = transformer.forward
+    holder = getattr(current, "__func__", current)
+    if inspect.signature(current) != wanted and holder is not type(transformer).forward:
+        holder.__signature__ = wanted if holder is current else inspect.signature(type(transformer).forward)
+
+
+def _calls_per_step(pipe) -> float:
+    calls = []
+    handle = pipe.transformer.register_forward_pre_hook(lambda *args: calls.append(1))
+    try:
+        generate(pipe)
+    finally:
+        handle.remove()
+    return len(calls) / STEPS
+
+
 @pytest.mark.skipif(not CACHED, reason="no BlockAdapter was exported")
 def test_caching_off_matches_the_baseline(baseline):
     """The registered BlockAdapter and its patch functors, every step computed: the model is unchanged."""
-    import cache_dit
-
     pipe = build_pipeline()
-    assert cache_dit.BlockAdapterRegister.is_supported(pipe), "the pipeline has no registered BlockAdapter"
-    cache_dit.enable_cache(pipe, cache_config=_cache_config([1] * STEPS))
+    _cached(pipe, [1] * STEPS)
     assert_tensor_rule(generate(pipe), baseline, "caching off")
 
 
@@ -156,9 +218,9 @@ def test_cache_reports_cached_steps(baseline):
     import cache_dit
 
     pipe = build_pipeline()
-    cache_dit.enable_cache(pipe, cache_config=_cache_config(MASK))
+    target = _cached(pipe, MASK)
     latents = generate(pipe)
-    cached = sorted({int(step) for s in cache_dit.summary(pipe, logging=False) for step in s.cached_steps})
+    cached = sorted({int(step) for s in cache_dit.summary(target, logging=False) for step in s.cached_steps})
     assert cached, "cache-dit reports no cached step"
     assert torch.isfinite(latents).all()
 
@@ -193,7 +255,11 @@ def _rank(rank: int, world: int, port: int, parallel: dict, out: str) -> None:
         dist.init_process_group("gloo")
         _cpu_patches()
         pipe = build_pipeline()
-        cache_dit.enable_cache(pipe, parallelism_config=cache_dit.ParallelismConfig(**parallel))
+        # a ModularPipeline goes to cache-dit as a BlockAdapter (enable_cache refuses the pipeline itself)
+        target = cache_dit.BlockAdapter(pipe=pipe, transformer=pipe.transformer, skip_post_init=True) \
+            if MODULAR else pipe
+        cache_dit.enable_cache(target, parallelism_config=cache_dit.ParallelismConfig(**parallel))
+        _keep_signature(pipe)
         acted = {"cp_plan": bool(getattr(pipe.transformer, "_cp_plan", None)),
                  "sharded": sum(isinstance(p, DTensor) for p in pipe.transformer.parameters())}
         latents = generate(pipe)

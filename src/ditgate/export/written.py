@@ -33,8 +33,10 @@ def twin_folder(tree: Tree, names: Names, twin_dir: Path) -> str:
     for file in sorted(twin_dir.rglob("*")):
         if not file.is_file() or file.name.endswith(WEIGHTS) or file.name == "ditgate.json" or ".index." in file.name:
             continue
-        data = file.read_bytes()
-        tree.files[f"{rel}/{file.relative_to(twin_dir)}"] = _text_or_bytes(data)
+        data = _text_or_bytes(file.read_bytes())
+        if file.name == "modular_model_index.json":  # the twin's own folder is not where the test finds it
+            data = data.replace(json.dumps(str(twin_dir))[1:-1], ".")
+        tree.files[f"{rel}/{file.relative_to(twin_dir)}"] = data
     loaded = {Path(m.__file__).resolve() for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
     for package in code_packages(twin_dir):
         for file in sorted(package.rglob("*.py")):  # the package's modules the model imported, not its other files
@@ -53,7 +55,10 @@ def _text_or_bytes(data: bytes) -> str | bytes:
 def code_packages(twin_dir: Path) -> list[Path]:
     """The packages outside the installed libraries that the model's classes come from, and those they import
     from the same folder (zoo:tinymoe's package imports zoo:tinymm's)."""
-    index = json.loads((twin_dir / "model_index.json").read_text())
+    index_file = twin_dir / "model_index.json"
+    if not index_file.is_file():
+        index_file = twin_dir / "modular_model_index.json"
+    index = json.loads(index_file.read_text())
     specs = [index.get("_class_name")] + [v for k, v in index.items() if not k.startswith("_")]
     tops = {s[0].split(".")[0] for s in specs if isinstance(s, list) and s and s[0]}
     tops -= set(_LIBRARIES)
@@ -104,6 +109,7 @@ def test_file(names: Names, twin_rel: str, call: dict, seed: int, parallel: dict
            f"(ditgate's checklists/gates.json, rules.tensor; source: {source}).\n\n"
            f"Written by `ditgate export` from {origin}; needs torch, diffusers, transformers and cache_dit only.\n"
            '"""\n\n')
+    doc = "\n".join(_wrap(line) for line in doc.split("\n"))
     consts = "\n".join([
         "HERE = Path(__file__).resolve().parent",
         f'TWIN = HERE / "{Path(twin_rel).name}"  # the twin\'s config folder (configs, scheduler, tokenizer; no '
@@ -118,6 +124,14 @@ def test_file(names: Names, twin_rel: str, call: dict, seed: int, parallel: dict
     ])
     return doc + imports + "\n" + consts.replace(": true", ": True").replace(": false", ": False") \
         .replace(": null", ": None") + "\n\n\n" + body.lstrip("\n")
+
+
+def _wrap(line: str, width: int = 100) -> str:
+    """A docstring line wrapped at `width` (a bullet's continuation indented under its text)."""
+    import textwrap
+
+    indent = "  " if line.startswith("- ") else ""
+    return textwrap.fill(line, width=width, subsequent_indent=indent, break_on_hyphens=False) if line else line
 
 
 def example_entry(names: Names, model_id: str, modality: str, pipeline_module: str, call: dict,
