@@ -74,3 +74,21 @@ def test_gif_fallback_keeps_the_frames(frames):
     assert name in ("output.mp4", "output.gif")
     if name == "output.gif":
         assert Image.open(io.BytesIO(data)).n_frames == frames
+
+
+def test_mp4_where_an_encoder_is_installed(tmp_path):
+    """With imageio-ffmpeg installed a video row is an MP4 (odd sides padded by one repeated line, H.264 needs even
+    ones); every frame reads back."""
+    pytest.importorskip("imageio_ffmpeg")
+    import imageio
+
+    from ditgate.run.exec.files import video_bytes
+
+    video = np.random.default_rng(0).random((5, 33, 35, 3)).astype(np.float32)
+    name, data = video_bytes(video)
+    assert name == "output.mp4" and data
+    (tmp_path / name).write_bytes(data)
+    reader = imageio.get_reader(tmp_path / name)
+    frames = [frame for frame in reader]
+    assert len(frames) == 5 and frames[0].shape == (34, 36, 3)
+    assert np.abs(frames[2][:33, :35] / 255.0 - video[2]).mean() < 0.2  # lossy, but the same picture

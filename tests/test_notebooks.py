@@ -214,7 +214,7 @@ def test_cli_refuses_bad_requests_before_starting_a_kernel(run_cli, tmp_path):
     code, _, err = run_cli("notebook", "run", "cp", "--model", "zoo:flux", "--kernel", "nope")
     assert code == 2 and "no Jupyter kernel named 'nope'" in err
     code, _, err = run_cli("notebook", "run", "cp", "--model", "zoo:flux", "-p", "model", "zoo:wan")
-    assert code == 2 and "--model" in err
+    assert code == 2 and "give model as MODEL, not -p model" in err
     assert not list(tmp_path.iterdir())
     code, out, _ = run_cli("notebook", "list")
     assert code == 0 and all(nb.stem in out for nb in NOTEBOOKS) and "world_size: int = 4" in out

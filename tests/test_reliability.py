@@ -94,3 +94,16 @@ def test_the_cache_row_checks_the_adapter_with_caching_off(run_cli, tmp_path):
     cache = {r["name"]: r for r in json.loads(out)["rows"]}["cache"]
     assert cache["verdict"]["cache_off"]["passed"] is False and cache["verdict"]["cache_off"]["max_abs"] > 1e-4
     assert any("caching off" in reason and "patch functor" in reason for reason in cache["reasons"])
+
+
+def test_a_nan_baseline_fails_the_rows_and_writes_the_report(run_cli, tmp_path):
+    """A call that makes the baseline NaN (a NaN sigma): every compared row fails with the reason, the report is
+    written, exit 1 (it used to end in exit 2 'baseline contains NaN' with no report after every row ran)."""
+    out = tmp_path / "run"
+    code, _, err = run_cli("run", "zoo:flux", "--rows", "cache", "--steps", "4", "--call",
+                           "sigmas=[NaN, 0.5, 0.3, 0.1]", "--out", out)
+    report = json.loads((out / "report.json").read_text())
+    row = next(r for r in report["rows"] if r["name"] == "cache")
+    assert code == 1 and not report["passed"] and row["status"] == "failed", err[-1500:]
+    assert any("baseline contains NaN" in reason for reason in row["reasons"]), row["reasons"]
+    assert (out / "report.md").is_file()

@@ -19,7 +19,7 @@ from typing import Any
 from ditgate import zoo
 from ditgate.core import loader, modular
 from ditgate.core.examples import ensure_packages
-from ditgate.twin.meta import DIFFUSERS, TRANSFORMERS, Library, TwinError
+from ditgate.twin.meta import DIFFUSERS, TRANSFORMERS, Library, TwinError, read_json
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".onnx", ".h5")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
@@ -77,7 +77,18 @@ def read(model: str | Path, *, pipeline: str | None = None, trust_remote_code: b
         if len(entry) != 2:
             raise TwinError(f"{path / 'model_index.json'}: component {name} is {entry!r}, not a [library, class] pair")
         source.components[name] = _component(path, name, entry, entry[0], entry[1], trust_remote_code)
+    _check_configs(source)
     return source
+
+
+def _check_configs(source: Source) -> None:
+    """Read every JSON file of the components' folders before anything is built: a broken config is refused
+    before the first component costs time."""
+    for name, component in source.components.items():
+        if component.folder is not None and component.kind in ("model", "config"):
+            for file in sorted(component.folder.glob("*.json")):
+                if not file.name.endswith(".index.json"):
+                    read_json(file, f"component {name}")
 
 
 def _read_modular(path: Path, pipeline: str | None, trust_remote_code: bool, meta: dict[str, Any]) -> Source:
@@ -94,6 +105,7 @@ def _read_modular(path: Path, pipeline: str | None, trust_remote_code: bool, met
         component = Component(name, entry, cls=spec.type_hint, folder=folder if folder.is_dir() else None)
         _classify(component)
         source.components[name] = component
+    _check_configs(source)
     return source
 
 

@@ -155,9 +155,13 @@ def video_bytes(frames: np.ndarray, fps: int = VIDEO_FPS) -> tuple[str, bytes]:
 
             imageio.plugins.ffmpeg.get_exe()
             path = Path(folder) / "output.mp4"
-            # whole frames in [0, 1] (export_to_video scales by 255), no resizing to macro blocks
-            export_to_video([p.astype(np.float32) / 255 for p in pixels], str(path), fps=fps, macro_block_size=1)
-        except (ImportError, AttributeError, RuntimeError):
+            # H.264 in yuv420p needs even sides: an odd side gets its last row or column repeated, nothing resized
+            even = np.pad(pixels, [(0, 0), (0, pixels.shape[1] % 2), (0, pixels.shape[2] % 2), (0, 0)], mode="edge")
+            # frames in [0, 1] (export_to_video scales by 255), no resizing to macro blocks
+            export_to_video([p.astype(np.float32) / 255 for p in even], str(path), fps=fps, macro_block_size=1)
+            if path.stat().st_size == 0:
+                raise RuntimeError("the encoder wrote nothing")
+        except (ImportError, AttributeError, RuntimeError, OSError):
             path = Path(folder) / "output.gif"
             export_to_gif([Image.fromarray(p) for p in pixels], str(path), fps=fps)
         return path.name, path.read_bytes()
