@@ -188,3 +188,51 @@ def test_workers_die_with_their_parent(hung_run, sig):
     proc.wait(timeout=60)
     if sig == signal.SIGTERM:  # handled like SIGINT: the run ends cleanly, exit 143
         assert proc.returncode == 128 + signal.SIGTERM, proc.stderr.read().decode()[-2000:]
+
+
+EVIL = '''
+import pathlib
+pathlib.Path({marker!r}).write_text("ran")
+
+
+class EvilPipe:
+    pass
+'''
+
+
+@pytest.mark.parametrize("case", ["linked-package", "linked-module", "beside-the-folder"])
+@pytest.mark.parametrize("command", ["inspect", pytest.param("run", marks=pytest.mark.full)])
+def test_model_folder_code_never_runs_without_consent_under_python_m(tmp_path, case, command):
+    """The probe's cases: code the model folder names runs only with --trust-remote-code, whatever the working folder
+    (`python -m` puts it on sys.path) or links say: a package linked into the folder from outside, a linked module
+    file, a package beside the folder reached through the working folder."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    model, outside = tmp_path / "model", tmp_path / "outside"
+    model.mkdir()
+    outside.mkdir()
+    marker = tmp_path / "RAN"
+    name = {"linked-package": "gpkg", "linked-module": "gmod", "beside-the-folder": "gnear"}[case]
+    (model / "model_index.json").write_text(json.dumps({"_class_name": [name, "EvilPipe"]}))
+    if case == "linked-package":
+        (outside / name).mkdir()
+        (outside / name / "__init__.py").write_text(EVIL.format(marker=str(marker)))
+        (model / name).symlink_to(outside / name, target_is_directory=True)
+        cwd, target = model, "."
+    elif case == "linked-module":
+        (outside / f"{name}.py").write_text(EVIL.format(marker=str(marker)))
+        (model / f"{name}.py").symlink_to(outside / f"{name}.py")
+        cwd, target = model, "."
+    else:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(EVIL.format(marker=str(marker)))
+        cwd, target = tmp_path, "model"
+    argv = [sys.executable, "-m", "ditgate", command, target]
+    argv += ["--json"] if command == "inspect" else ["--rows", "cache", "--out", str(tmp_path / "run")]
+    env = dict(os.environ, PYTHONPATH=str(root / "src"))
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), f"the model folder's code ran: {done.stderr[-2000:]}"
+    assert done.returncode == 2 and "--trust-remote-code" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
