@@ -236,3 +236,21 @@ def test_model_folder_code_never_runs_without_consent_under_python_m(tmp_path, c
     assert not marker.exists(), f"the model folder's code ran: {done.stderr[-2000:]}"
     assert done.returncode == 2 and "--trust-remote-code" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_resume_never_reports_an_earlier_runs_result_for_a_parallel_row(run_cli, tmp_path):
+    """The probe's case: a parallel row whose definition changed between runs ran again under --resume, and the
+    worker group's poll read the earlier run's rows/NAME/result.json (PASSED) before the ranks wrote theirs, so a
+    row that now crashes was reported PASSED. The stale result is discarded before the row runs."""
+    plugin = Path(__file__).parent / "plugins" / "flux_rank1_crashes.py"  # ring: correct; ulysses: rank 1 raises
+    first, second = tmp_path / "ring.yaml", tmp_path / "ulysses.yaml"
+    first.write_text("- {name: x, phase: cp, parallel: {ring_size: 2}}")
+    second.write_text("- {name: x, phase: cp, parallel: {ulysses_size: 2}}")
+    out = tmp_path / "run"
+    code, _, err = run_cli("run", "zoo:flux", "--rows-file", first, "--integration", plugin, "--out", out)
+    assert code == 0, err[-2000:]
+    code, _, err = run_cli("run", "zoo:flux", "--rows-file", second, "--integration", plugin, "--out", out,
+                           "--resume")
+    row = next(r for r in json.loads((out / "report.json").read_text())["rows"] if r["name"] == "x")
+    assert code == 1 and row["status"] == "error", row
+    assert any("planted failure on rank 1" in reason for reason in row["reasons"]), row["reasons"]
