@@ -238,3 +238,30 @@ def test_skill_force_replaces_only_an_installed_skill(run_cli, tmp_path):
     (installed / "notes.txt").write_text("not a skill any more")
     code, _, err = run_cli("skill", "install", "--target", tmp_path, "--force")
     assert code == 2 and (installed / "notes.txt").is_file(), err
+
+
+# Reliability: a run of no row, and user rows named like ditgate's own check rows, are refused before anything runs.
+@pytest.mark.parametrize("argv, words", [
+    (["run", "zoo:flux", "--rows", ""], "names no row"),
+    (["run", "zoo:flux", "--rows", ","], "names no row"),
+    (["run", "zoo:flux", "--rows", " , ,"], "names no row"),
+    (["matrix", "zoo:flux", "--rows", ""], "names no row"),
+    (["run", "zoo:flux", "--rows-file", "{t}/empty.yaml"], "holds no row"),
+    (["run", "zoo:flux", "--rows-file", "{t}/empty-mapping.yaml"], "holds no row"),
+    (["run", "zoo:flux", "--rows-file", "{t}/sensitivity.yaml"], "reserved"),
+    (["run", "zoo:flux", "--rows-file", "{t}/calibration.yaml"], "reserved"),
+    (["run", "zoo:flux", "--rows-file", "{t}/baseline.yaml"], "reserved"),
+    (["run", "zoo:flux", "--rows-file", "{t}/baseline-tiled.yaml"], "reserved"),
+    (["run", "zoo:flux", "--rows-file", "{t}/cache-off.yaml"], "reserved"),
+    (["matrix", "zoo:flux", "--rows-file", "{t}/sensitivity.yaml"], "reserved"),
+])
+def test_no_row_and_reserved_names_are_refused(run_cli, tmp_path, argv, words):
+    (tmp_path / "empty.yaml").write_text("[]")
+    (tmp_path / "empty-mapping.yaml").write_text("rows: []")
+    for name in ("sensitivity", "calibration", "baseline", "baseline-tiled"):
+        (tmp_path / f"{name}.yaml").write_text(f"- {{name: {name}, phase: cache, cache: {{Fn_compute_blocks: 1}}}}")
+    (tmp_path / "cache-off.yaml").write_text("- {name: cache-cache-off, phase: cache, cache: {Fn_compute_blocks: 1}}")
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(*[a.replace("{t}", str(tmp_path)) for a in argv], "--out", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+    assert "PASS" not in stdout and not out.exists()

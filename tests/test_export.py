@@ -51,6 +51,7 @@ def _snapshot(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted((root / "cache_dit").rglob("*.py"))}
 
 
+@pytest.mark.full
 def test_cache_dit_resolves_the_exported_code_without_ditgate(exported):
     tree_dir, written = exported
     assert "cache_dit/distributed/transformers/tinymm.py" in written["tinymm"]
@@ -155,6 +156,32 @@ def test_exporting_again_is_a_no_op(tinymoe_export):
     assert _snapshot(tree_dir) == before
 
 
+def test_a_lean_export_proves_only_what_its_rows_cover_and_runs_its_test_alone(tmp_path):
+    """zoo:tinymoe with --rows tp-2: the TP planner is exported and proven (no file, the staged tree first on the
+    import path; the written test under pytest without ditgate); the adapter and the CP plan, which no chosen row
+    proves, are not; exporting again writes nothing."""
+    tree_dir = copy_cache_dit(tmp_path / "tree")
+    args = ("export", "--integration", str(ROOT / EXAMPLES["tinymoe"][0]), "--model", "zoo:tinymoe", "--to",
+            str(tree_dir), "--rows", "tp-2", "--json")
+    done = _cli(*args, "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["status"] == "exported" and result["gate_passed"] and result["proof_passed"]
+    assert "site-packages" not in result["proof_cache_dit"]
+    assert result["pytest"]["passed"] and result["pytest"]["summary"].startswith("1 passed, 2 skipped")
+    assert [item.split(":")[0] for item in result["left_out"]] == ["block_adapter", "cp_plan"]
+    planner = (tree_dir / "cache_dit/distributed/transformers/tinymoe.py").read_text()
+    assert "TinyMoETensorParallelismPlanner" in planner and "ContextParallelismPlanner" not in planner
+    assert 'register("TinyMoE")' not in (tree_dir / "cache_dit/caching/block_adapters/adapters.py").read_text()
+    assert "tests/tinymoe_twin/code/tinymoe/transformer_tinymoe.py" in result["written"]
+    assert not any(f.endswith((".safetensors", "integration.py")) for f in result["written"])
+    assert (tmp_path / "out" / "export.patch").read_text().count("diff --git") == len(result["written"])
+    before = _snapshot(tree_dir)
+    again = _cli(*args)
+    assert again.returncode == 0 and json.loads(again.stdout)["status"] == "unchanged"
+    assert _snapshot(tree_dir) == before
+
+
 def test_a_file_that_fails_its_rows_is_not_exported(tmp_path):
     """A TP plan that multiplies gates with gates fails tp-2: exit 1, the table says why, nothing written."""
     fresh = copy_cache_dit(tmp_path / "fresh")
@@ -243,3 +270,20 @@ def test_a_modular_pipeline_cache_dit_does_not_support_is_exported_as_far_as_it_
     planners = (tree_dir / "cache_dit/distributed/transformers/planners.py").read_text()
     assert planners.index('".flux3", "Flux3ContextParallelismPlanner"') < planners.index('".flux", "Flux')
     assert "What cache-dit would need" in (tmp_path / "out" / "PR.md").read_text()
+
+
+def test_every_tp_planner_is_activated_after_the_cp_ones():
+    """cache-dit activates each registry only while it is empty, and a module registers its CP and TP planners
+    together: after the CP activation, TP-only modules (Mochi's, an exported TP-only planner) were never imported
+    and tp-2 failed 'No planner registered' in the proof of a TP-only export. ditgate activates both in full."""
+    code = ("import json\n"
+            "from cache_dit.distributed.transformers.dispatch import _ensure_cp_planners_activated as cp, "
+            "_ensure_tp_planners_activated as tp\n"
+            "from cache_dit.distributed.transformers.register import TensorParallelismPlannerRegister as T\n"
+            "def found(): return [n for n, _ in T._tp_planner_registry.items() if n in ('Mochi', 'HunyuanDiT')]\n"
+            "cp(); tp(); plain = found()\n"
+            "from ditgate.core.plugin import activate_cache_dit_planners\n"
+            "activate_cache_dit_planners(); print(json.dumps([plain, found()]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    plain, ours = json.loads(out.stdout.strip().splitlines()[-1])
+    assert plain == [] and sorted(ours) == ["HunyuanDiT", "Mochi"]

@@ -21,6 +21,19 @@ def test_run_json_stdout_is_only_json(tmp_path):
     assert report["passed"] and "[Cache-DiT]" in done.stderr
 
 
+@pytest.mark.full
+def test_diff_json_stdout_is_only_json(tmp_path):
+    """The probe's case: `ditgate diff --json` printed cache-dit's log lines before the JSON."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    plugin = Path(__file__).parent / "plugins" / "flux_cp_rope_restarted.py"
+    done = subprocess.run([sys.executable, "-m", "ditgate", "diff", "zoo:flux", "--row", "cp-ulysses-2",
+                           "--integration", str(plugin), "--out", str(tmp_path / "diff"), "--json"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stderr[-3000:]  # the fault is found
+    found = json.loads(done.stdout)  # the whole of stdout is one JSON document
+    assert found["row"] == "cp-ulysses-2"
+
+
 def test_a_gate_that_cannot_discriminate_never_passes(run_cli, zoo_path, tmp_path):
     """Planted fault: a transformer whose output layer is zero outputs zeros, so every row matches the baseline
     at max-abs 0. The sensitivity row shows the gate passes an output perturbed far outside it, and the row fails."""
@@ -94,3 +107,16 @@ def test_the_cache_row_checks_the_adapter_with_caching_off(run_cli, tmp_path):
     cache = {r["name"]: r for r in json.loads(out)["rows"]}["cache"]
     assert cache["verdict"]["cache_off"]["passed"] is False and cache["verdict"]["cache_off"]["max_abs"] > 1e-4
     assert any("caching off" in reason and "patch functor" in reason for reason in cache["reasons"])
+
+
+def test_a_nan_baseline_fails_the_rows_and_writes_the_report(run_cli, tmp_path):
+    """A call that makes the baseline NaN (a NaN sigma): every compared row fails with the reason, the report is
+    written, exit 1 (it used to end in exit 2 'baseline contains NaN' with no report after every row ran)."""
+    out = tmp_path / "run"
+    code, _, err = run_cli("run", "zoo:flux", "--rows", "cache", "--steps", "4", "--call",
+                           "sigmas=[NaN, 0.5, 0.3, 0.1]", "--out", out)
+    report = json.loads((out / "report.json").read_text())
+    row = next(r for r in report["rows"] if r["name"] == "cache")
+    assert code == 1 and not report["passed"] and row["status"] == "failed", err[-1500:]
+    assert any("baseline contains NaN" in reason for reason in row["reasons"]), row["reasons"]
+    assert (out / "report.md").is_file()

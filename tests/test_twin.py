@@ -98,3 +98,60 @@ def test_every_kind_of_pipeline_twins(run_cli, zoo_path, tmp_path, name, modalit
         assert set(calls) == {"transformer", "transformer_2"} and all(calls.values()), calls
         assert config(tmp_path / "twin", "transformer_2")["num_attention_heads"] == \
             config(source, "transformer_2")["num_attention_heads"]
+
+
+ZERO_INIT_MODULE = '''
+import functools
+
+from diffusers import FluxTransformer2DModel
+
+
+class ZeroOutFlux(FluxTransformer2DModel):
+    """FLUX's transformer initialised as adaLN-zero DiTs are: output layer and output modulation at zero."""
+
+    @functools.wraps(FluxTransformer2DModel.__init__)  # keeps the signature diffusers reads the config by
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for layer in (self.proj_out, self.norm_out.linear):
+            layer.weight.data.zero_()
+            layer.bias.data.zero_()
+'''
+
+
+@pytest.mark.full
+def test_a_source_that_zero_initialises_its_output_still_discriminates(run_cli, zoo_path, tmp_path):
+    """The source class zeroes its output layer, so built from its own init it outputs a constant and no fault
+    could show in it; the twin draws those layers again, and a CP fault that raises nothing (the position table
+    restarted on each rank) fails on the twin's tensor rule."""
+    import torch
+
+    source = configs_only(zoo_path("flux"), tmp_path / "zero-flux")
+    (source / "transformer" / "zeroflux.py").write_text(ZERO_INIT_MODULE)  # where diffusers loads custom code
+    index = json.loads((source / "model_index.json").read_text())
+    index["transformer"] = ["zeroflux", "ZeroOutFlux"]
+    (source / "model_index.json").write_text(json.dumps(index))
+    cfg = config(source, "transformer") | {"_class_name": "ZeroOutFlux"}
+    (source / "transformer" / "config.json").write_text(json.dumps(cfg))
+
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("zeroflux", source / "transformer" / "zeroflux.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    own = module.ZeroOutFlux.from_config({k: v for k, v in cfg.items() if not k.startswith("_")})
+    assert not own.proj_out.weight.any()  # the source's own init: a constant output
+
+    code, _, err = run_cli("twin", source, tmp_path / "no-consent")
+    assert code == 2 and "--trust-remote-code" in err, err
+    made = twin_json(run_cli, source, tmp_path / "twin", "--trust-remote-code")
+    notes = " ".join(n for c in made["components"] for n in c.get("notes", []))
+    assert "zero-initialised" in notes and "proj_out" in notes, notes
+    assert made["checks"]["output_change"] > 1e-3
+    twin = module.ZeroOutFlux.from_pretrained(tmp_path / "twin" / "transformer")
+    assert torch.count_nonzero(twin.proj_out.weight) == twin.proj_out.weight.numel()
+
+    plugins = __import__("pathlib").Path(__file__).parent / "plugins"
+    code, out, err = run_cli("run", tmp_path / "twin", "--trust-remote-code", "--rows", "cp-ulysses-2",
+                             "--integration", plugins / "flux_cp_rope_restarted.py", "--out", tmp_path / "run")
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    row = next(r for r in report["rows"] if r["name"] == "cp-ulysses-2")
+    assert code == 1 and row["status"] == "failed", (row, err[-2000:])

@@ -118,8 +118,16 @@ def activate_cache_dit_planners() -> None:
     from cache_dit.distributed.transformers.dispatch import (_ensure_cp_planners_activated,
                                                              _ensure_tp_planners_activated)
 
+    from cache_dit.distributed.transformers.planners import _activate_cp_planners, _activate_tp_planners
+
     _ensure_cp_planners_activated()
     _ensure_tp_planners_activated()
+    # A transformer module registers its CP and TP planners together, and each registry activates only while empty:
+    # after the CP activation the TP registry is not empty, so the TP-only modules (mochi, hunyuan_dit, ltx_video,
+    # ltx2_video, glm_image, kandinsky5, an exported TP-only planner) were never imported. Both activations run in
+    # full; importing a module again registers nothing twice.
+    _activate_cp_planners()
+    _activate_tp_planners()
     _ensure_text_encoder_tp_planners_activated()
     _ensure_auto_encoder_dp_planners_activated()
 

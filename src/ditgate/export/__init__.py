@@ -20,11 +20,12 @@ from ditgate.export.tree import ADAPTERS, ADAPTERS_INIT, PLANNERS, ExportError, 
 __all__ = ["ExportError", "Names", "Source", "Tree", "code_edits"]
 
 
-def code_edits(tree: Tree, source: Source, names: Names) -> None:
+def code_edits(tree: Tree, source: Source, names: Names, hooks: set[str] | None = None) -> None:
     """Add the adapter, its functor module and the planner module to the tree's edits, after refusing a tree that
     already registers the name. A shorter prefix the tree registers that also matches the model's classes ("Flux"
     for Flux3) would catch them first (cache-dit takes the first prefix that matches, in registration order): the
-    exported entries go in ahead of it."""
+    exported entries go in ahead of it. `hooks`: the ones to export (those the proving rows cover; all when None)."""
+    source = source.only(hooks) if hooks is not None else source
     planners = compose.planner_module(source, names)
     functor, functor_names = compose.functor_module(source, names)
     adapter = compose.adapter_function(source, names, functor_names)

@@ -28,6 +28,7 @@ class Export:
     rows: list[str]
     out: Path
     upstream: list[str] = field(default_factory=list)  # what cache-dit would need for what was not exported
+    left_out: list[str] = field(default_factory=list)  # hooks of the file not exported (no chosen row proves them)
     test_rel: str = ""
     status: str = "pending"  # unchanged | exported | failed
     gate: dict[str, Any] | None = None
@@ -38,7 +39,8 @@ class Export:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.names.pipeline_class, "prefix": self.names.prefix, "tree": str(self.tree.root),
-                "status": self.status, "rows": self.rows, "upstream": self.upstream, "test": self.test_rel,
+                "status": self.status, "rows": self.rows, "upstream": self.upstream, "left_out": self.left_out,
+                "test": self.test_rel,
                 "written": self.written, "lines": {rel: _count(old, new) for rel, (old, new) in self.before.items()},
                 "gate_passed": (self.gate or {}).get("passed"),
                 "proof_passed": (self.proof or {}).get("passed"), "pytest": self.pytest,
@@ -86,9 +88,19 @@ def plan(model, integration: Path, to: Path, out: Path | None, rows: list[str] |
     names = Names.of(pipeline, transformer)
     hooks = [h for h in ("block_adapter", "cp_plan", "tp_plan") if getattr(loaded, h) is not None]
     chosen = rows or prove.rows_for(hooks)
+    proven = prove.hooks_of(chosen)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     result = Export(names=names, tree=tree, rows=chosen, out=Path(out or Path("runs") / f"export-{names.slug}-{stamp}"))
-    code_edits(tree, source, names)
+    result.left_out = [f"{hook}: no chosen row proves it (rows: {', '.join(chosen)})"
+                       for hook in sorted(set(hooks) - proven)]
+    code_edits(tree, source, names, proven & set(hooks))
+    if "tp_plan" in proven & set(hooks) and "cp_plan" not in proven & set(hooks):
+        result.upstream.append(
+            "a TP-only planner module: cache-dit activates each planner registry only while it is empty, and a "
+            "module registers its CP and TP planners together, so in a process whose CP planners were activated "
+            "first (a hybrid or CP run before a TP one) the TP-only modules (this one, mochi, hunyuan_dit, "
+            "ltx_video, ltx2_video, glm_image, kandinsky5) are never imported and TP fails 'No planner registered'; "
+            "upstream would need _activate_tp_planners to run in full whatever the registry holds")
     if model.is_modular:
         result.upstream.append(
             f"{pipeline} is a ModularPipeline: cache-dit 1.5.3's enable_cache(pipe) refuses one, so the adapter "
@@ -101,13 +113,14 @@ def plan(model, integration: Path, to: Path, out: Path | None, rows: list[str] |
             "pipelines")
     twin = twin_mod.cached(model.name, pipeline=model.pipeline, trust_remote_code=model.trust_remote_code,
                            seed=model.request.seed, quiet=True)
-    twin_rel = written.twin_folder(tree, names, twin.folder)
+    twin_rel = written.twin_folder(tree, names, twin.folder, exclude={integration})
     parallel = {name.removeprefix("cp-"): _parallel_of(name) for name in chosen if _parallel_of(name)}
     from ditgate.run.define.rows import DEFAULT_CACHE
 
     cache = {k: v for k, v in DEFAULT_CACHE.items() if k != "mask"}
     result.test_rel = f"{written.tests_prefix(tree)}/test_{names.slug}_parallel.py"
-    test_text = written.test_file(names, twin_rel, twin.call, twin.seed, parallel, "cache" in chosen, cache,
+    test_text = written.test_file(names, twin_rel, twin.call, twin.seed, parallel,
+                                  "block_adapter" in proven and "block_adapter" in hooks, cache,
                                   integration.name)
     if not tree.holds(result.test_rel, test_text):
         raise ExportError(f"{tree.root / result.test_rel} exists with other content: the tree already holds a test "

@@ -43,6 +43,8 @@ def description(result, failure: str | None) -> str:
             out += ["```", *result.pytest["tail"], "```", ""]
     if result.gate is not None:
         out += ["## The integration file's own run", "", table(result.gate)]
+    if result.left_out:
+        out += ["## Not exported", "", *[f"- {item}" for item in result.left_out], ""]
     if result.upstream:
         out += ["## What cache-dit would need", "", *[f"- {item}" for item in result.upstream], ""]
     return "\n".join(out) + "\n"

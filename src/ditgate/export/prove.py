@@ -23,6 +23,21 @@ def rows_for(hooks: list[str]) -> list[str]:
     return [row for hook in ("block_adapter", "cp_plan", "tp_plan") if hook in hooks for row in ROWS[hook]]
 
 
+def hooks_of(rows: list[str]) -> set[str]:
+    """The hooks a set of rows proves: a cache row the adapter, a CP row cp_plan, a TP row tp_plan."""
+    from ditgate.run.define.rows import DEFAULT_ROWS
+
+    found = set()
+    for row in (r for r in DEFAULT_ROWS if r.name in rows):
+        if row.cache:
+            found.add("block_adapter")
+        if row.cp_size > 1:
+            found.add("cp_plan")
+        if (row.parallel or {}).get("tp_size", 1) > 1:
+            found.add("tp_plan")
+    return found
+
+
 def gate_run(model, integration: Path, rows: list[str], out: Path) -> dict[str, Any]:
     """The rows with the integration file, in this process (ranks forked from it)."""
     from ditgate.run.define import rows as rows_mod

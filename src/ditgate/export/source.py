@@ -57,6 +57,12 @@ class Source:
             start -= 1
         return "\n".join(self.lines[start:node.end_lineno])
 
+    def only(self, hooks: set[str]) -> "Source":
+        """The same file with the hooks not in `hooks` left out (block_adapter, cp_plan, tp_plan)."""
+        dropped = {"block_adapter", "cp_plan", "tp_plan"} - set(hooks)
+        kept = [p for p in self.pieces if not (p.defines & dropped and not _is_import(p.node))]
+        return Source(path=self.path, lines=self.lines, pieces=kept)
+
     def function(self, name: str) -> ast.FunctionDef | None:
         for piece in self.pieces:
             if isinstance(piece.node, ast.FunctionDef) and piece.node.name == name:

@@ -27,7 +27,7 @@ def tests_prefix(tree: Tree) -> str:
     return "../tests" if tree.root.name == "src" and (tree.root.parent / "tests").is_dir() else "tests"
 
 
-def twin_folder(tree: Tree, names: Names, twin_dir: Path) -> str:
+def twin_folder(tree: Tree, names: Names, twin_dir: Path, exclude: set[Path] = frozenset()) -> str:
     """Stage the twin's files (no weights, no ditgate.json) and its code packages; the folder's relative path."""
     rel = f"{tests_prefix(tree)}/{names.slug}_twin"
     for file in sorted(twin_dir.rglob("*")):
@@ -38,6 +38,7 @@ def twin_folder(tree: Tree, names: Names, twin_dir: Path) -> str:
             data = data.replace(json.dumps(str(twin_dir))[1:-1], ".")
         tree.files[f"{rel}/{file.relative_to(twin_dir)}"] = data
     loaded = {Path(m.__file__).resolve() for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
+    loaded -= {Path(p).resolve() for p in exclude}  # the integration file itself never travels
     for package in code_packages(twin_dir):
         for file in sorted(package.rglob("*.py")):  # the package's modules the model imported, not its other files
             if file.resolve() in loaded:

@@ -64,7 +64,7 @@ def plan_rows(model: Model, tier: str, rows_file: Path | None = None,
     """The rows to run (the tier's, or a rows file's, narrowed by `rows`), the FLOP profile and its note."""
     profile, note = predict.profile_for(model.path, model.request, model.dtype)
     base = rows_mod.load_rows(rows_file) if rows_file else perf.matrix_rows(tier, predict.max_fn(profile))
-    return rows_mod.select(base, rows), profile, note
+    return rows_mod.require_some(rows_mod.select(base, rows), rows), profile, note
 
 
 def run_matrix(model: Model, chosen: list[Row], profile: Any, note: str | None, *, tier: str, out: Path | None,

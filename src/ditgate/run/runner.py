@@ -144,6 +144,7 @@ class Runner:
             if done:
                 self._record(self.states[row.name], done | {"resumed": True})
                 continue
+            store.discard_result(self.run_dir, row.name)
             reason = preflight(self.cfg, row)
             if reason:
                 self._error(row, f"not run: {reason}", preflight=True)
@@ -328,12 +329,18 @@ class Runner:
 
     # -- judging and reporting -------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
+        from ditgate.core.errors import NonFiniteError
+        from ditgate.run import twinned
         from ditgate.run.report import run_report as report
 
-        from ditgate.run import twinned
-
         for state in self.states.values():
-            judge_row(self, state)
+            try:
+                judge_row(self, state)
+            except NonFiniteError as exc:  # a reference that holds NaN/Inf: the row fails, the report is written
+                state.verdict = {"passed": False, "metrics": {}, "checks": []}
+                state.reasons.append(f"cannot be judged: {exc}; its reference {state.row.baseline!r} produced "
+                                     f"non-finite values without the feature (the model or its call is broken: "
+                                     f"check the weights, the dtype and the call)")
         fold_variants(self.states)  # a lossy row over several prompts and seeds: each gate on its worst case
         twinned.merge(self.states, self.twin_record)
         audio_floor(self)  # the calibration row's measurement shows in the report even without an audio row gated

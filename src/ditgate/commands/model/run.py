@@ -64,7 +64,8 @@ def main(args: argparse.Namespace) -> int:
 
         use_cache_dit(args.cache_dit)
     base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
-    chosen = rows_mod.with_cache_config(rows_mod.select(base, args.rows), rows_mod.parse_cache_config(args.cache_config))
+    chosen = rows_mod.with_cache_config(rows_mod.require_some(rows_mod.select(base, args.rows), args.rows),
+                                      rows_mod.parse_cache_config(args.cache_config))
     if args.list_rows and args.json:
         print(json.dumps([row.to_dict() | {"world_size": row.world_size, "description": row.description}
                           for row in chosen], indent=2, default=str))

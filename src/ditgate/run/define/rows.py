@@ -128,6 +128,23 @@ SENSITIVITY = Row("sensitivity", perturb=10.0,
                   description="the baseline with every transformer output multiplied by (1 + 10 z): far outside every "
                               "gate unless the output does not depend on the transformer")
 REFERENCE_ROWS = {r.name: r for r in (BASELINE, BASELINE_TILED, CALIBRATION, SENSITIVITY)}
+# The caching-off twin of a cache row is NAME + this (ditgate.run.judge.cache_off): a name the runner makes itself.
+CACHE_OFF_SUFFIX = "-cache-off"
+
+
+def check_name(name: str, where: str = "") -> None:
+    """Refuse a user row named like one ditgate adds itself: it would replace the check (a row called
+    `sensitivity` would stand in for the discrimination check and pass whatever it compares)."""
+    if name in REFERENCE_ROWS or name.endswith(CACHE_OFF_SUFFIX):
+        raise RowError(f"{where}field name: {name!r} is reserved for ditgate's own rows ({', '.join(REFERENCE_ROWS)}, "
+                       f"NAME{CACHE_OFF_SUFFIX}); choose another name")
+
+
+def require_some(chosen: list[Row], given: str | None) -> list[Row]:
+    """Refuse a choice of no row (`--rows ''`, `--rows ,`): a run of nothing would pass."""
+    if not chosen:
+        raise RowError(f"--rows {given!r} names no row: give at least one (see --list-rows)")
+    return chosen
 
 
 # What each phase needs configured: a row of that phase without it would compare the baseline with itself.
@@ -242,9 +259,12 @@ def load_rows(path: str | Path) -> list[Row]:
         data = data.get("rows")
     if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
         raise RowError(f"rows file {path} must hold a list of rows (mappings)")
+    if not data:
+        raise RowError(f"rows file {path} holds no row: a run of nothing would pass")
     rows, seen = [], {}
     for i, item in enumerate(data):
         row = from_mapping(item, f"{path}, row {i + 1}: ")
+        check_name(row.name, f"{path}, row {i + 1}, ")
         if row.name in seen:
             raise RowError(f"{path}, row {i + 1}, field name: {row.name!r} is already the name of row "
                            f"{seen[row.name]}; names must be unique")

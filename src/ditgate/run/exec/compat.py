@@ -85,11 +85,9 @@ def apply_cpu_patches() -> list[str]:
 
     # Activate every planner before importing any planner module: cache-dit activates lazily only when its
     # registry is empty, so an early import of one module would hide all the others.
-    from cache_dit.distributed.transformers.dispatch import (_ensure_cp_planners_activated,
-                                                             _ensure_tp_planners_activated)
+    from ditgate.core.plugin import activate_cache_dit_planners
 
-    _ensure_cp_planners_activated()
-    _ensure_tp_planners_activated()
+    activate_cache_dit_planners()
     for name in RMSNORM_MODULES:
         module = importlib.import_module(f"cache_dit.distributed.transformers.{name}")
         module.DistributedRMSNorm.forward = _distributed_rms_norm_forward

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditgate.run.define.rows import Row
+from ditgate.run.define.rows import CACHE_OFF_SUFFIX, Row
 
-SUFFIX = "-cache-off"
+SUFFIX = CACHE_OFF_SUFFIX
 
 
 def twin(row: Row, steps: int | None) -> Row | None:
