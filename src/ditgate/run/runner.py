@@ -51,6 +51,7 @@ class RunConfig:
     launch: str = "once"  # "once": load once per process, one group per world size; "per-row": see the docstring
     twin: str = "auto"  # twin rows (ditgate.run.twinned): auto (when not float32), off, or only
     twin_record: dict[str, Any] | None = None  # set on a run of the twin itself: what the twin is (the report's)
+    reuse: bool = False  # reference rows from the result store when their key matches (ditgate.run.reuse)
 
 
 @dataclass
@@ -253,13 +254,29 @@ class Runner:
         else:
             self._run_in_process(CALIBRATION)
 
+    def _reuse_key(self, row: Row, integration) -> str | None:
+        """The store key of `row` when this run reuses and the row may be stored (ditgate.run.reuse.keys)."""
+        from ditgate.core import plugin
+        from ditgate.run import reuse
+
+        if not self.cfg.reuse or not reuse.reusable(row):
+            return None
+        split = integration.cp_split_dims if integration is not None else plugin.declared_split_dims()
+        return reuse.row_key(self.model, row, reuse.keys.versions_of(self.run_dir), self.cfg.gates, split)
+
     def _run_in_process(self, row: Row, warmup: int | None = None, repeats: int | None = None) -> None:
         from ditgate.core import plugin
         from ditgate.run.exec.execute import run_row, save_outcome
+        from ditgate.run.reuse import Store
 
         try:
+            integration = plugin.load(self.cfg.integration)
+            key = self._reuse_key(row, integration)
+            if key is not None and (reused := Store().get(key, self.run_dir, row.name)):
+                self._record(self.states[row.name], reused)
+                return
             pristine = self._pristine_pipeline()
-            outcome = run_row(row, self.model, integration=plugin.load(self.cfg.integration),
+            outcome = run_row(row, self.model, integration=integration,
                               warmup=self.cfg.warmup if warmup is None else warmup,
                               repeats=self.cfg.repeats if repeats is None else repeats, pristine=pristine)
         except Exception as exc:  # noqa: BLE001 - recorded in the report
@@ -268,6 +285,8 @@ class Runner:
         outcome.overhead.update(launch_s=0.0, load_s=outcome.overhead["load_s"] + self._load_due)
         self._load_due = 0.0
         self._record(self.states[row.name], save_outcome(self.run_dir, row, outcome))
+        if key is not None:
+            Store().put(key, self.run_dir, row.name)
 
     def _run_group(self, rows: list[Row], size: int) -> None:
         from ditgate.run.exec.launch import run_group
