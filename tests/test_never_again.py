@@ -188,3 +188,69 @@ def test_workers_die_with_their_parent(hung_run, sig):
     proc.wait(timeout=60)
     if sig == signal.SIGTERM:  # handled like SIGINT: the run ends cleanly, exit 143
         assert proc.returncode == 128 + signal.SIGTERM, proc.stderr.read().decode()[-2000:]
+
+
+EVIL = '''
+import pathlib
+pathlib.Path({marker!r}).write_text("ran")
+
+
+class EvilPipe:
+    pass
+'''
+
+
+@pytest.mark.parametrize("case", ["linked-package", "linked-module", "beside-the-folder"])
+@pytest.mark.parametrize("command", ["inspect", pytest.param("run", marks=pytest.mark.full)])
+def test_model_folder_code_never_runs_without_consent_under_python_m(tmp_path, case, command):
+    """The probe's cases: code the model folder names runs only with --trust-remote-code, whatever the working folder
+    (`python -m` puts it on sys.path) or links say: a package linked into the folder from outside, a linked module
+    file, a package beside the folder reached through the working folder."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    model, outside = tmp_path / "model", tmp_path / "outside"
+    model.mkdir()
+    outside.mkdir()
+    marker = tmp_path / "RAN"
+    name = {"linked-package": "gpkg", "linked-module": "gmod", "beside-the-folder": "gnear"}[case]
+    (model / "model_index.json").write_text(json.dumps({"_class_name": [name, "EvilPipe"]}))
+    if case == "linked-package":
+        (outside / name).mkdir()
+        (outside / name / "__init__.py").write_text(EVIL.format(marker=str(marker)))
+        (model / name).symlink_to(outside / name, target_is_directory=True)
+        cwd, target = model, "."
+    elif case == "linked-module":
+        (outside / f"{name}.py").write_text(EVIL.format(marker=str(marker)))
+        (model / f"{name}.py").symlink_to(outside / f"{name}.py")
+        cwd, target = model, "."
+    else:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(EVIL.format(marker=str(marker)))
+        cwd, target = tmp_path, "model"
+    argv = [sys.executable, "-m", "ditgate", command, target]
+    argv += ["--json"] if command == "inspect" else ["--rows", "cache", "--out", str(tmp_path / "run")]
+    env = dict(os.environ, PYTHONPATH=str(root / "src"))
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), f"the model folder's code ran: {done.stderr[-2000:]}"
+    assert done.returncode == 2 and "--trust-remote-code" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+def test_resume_never_reports_an_earlier_runs_result_for_a_parallel_row(run_cli, tmp_path):
+    """The probe's case: a parallel row whose definition changed between runs ran again under --resume, and the
+    worker group's poll read the earlier run's rows/NAME/result.json (PASSED) before the ranks wrote theirs, so a
+    row that now crashes was reported PASSED. The stale result is discarded before the row runs."""
+    plugin = Path(__file__).parent / "plugins" / "flux_rank1_crashes.py"  # ring: correct; ulysses: rank 1 raises
+    first, second = tmp_path / "ring.yaml", tmp_path / "ulysses.yaml"
+    first.write_text("- {name: x, phase: cp, parallel: {ring_size: 2}}")
+    second.write_text("- {name: x, phase: cp, parallel: {ulysses_size: 2}}")
+    out = tmp_path / "run"
+    code, _, err = run_cli("run", "zoo:flux", "--rows-file", first, "--integration", plugin, "--out", out)
+    assert code == 0, err[-2000:]
+    code, _, err = run_cli("run", "zoo:flux", "--rows-file", second, "--integration", plugin, "--out", out,
+                           "--resume")
+    row = next(r for r in json.loads((out / "report.json").read_text())["rows"] if r["name"] == "x")
+    assert code == 1 and row["status"] == "error", row
+    assert any("planted failure on rank 1" in reason for reason in row["reasons"]), row["reasons"]

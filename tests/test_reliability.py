@@ -21,6 +21,19 @@ def test_run_json_stdout_is_only_json(tmp_path):
     assert report["passed"] and "[Cache-DiT]" in done.stderr
 
 
+@pytest.mark.full
+def test_diff_json_stdout_is_only_json(tmp_path):
+    """The probe's case: `ditgate diff --json` printed cache-dit's log lines before the JSON."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    plugin = Path(__file__).parent / "plugins" / "flux_cp_rope_restarted.py"
+    done = subprocess.run([sys.executable, "-m", "ditgate", "diff", "zoo:flux", "--row", "cp-ulysses-2",
+                           "--integration", str(plugin), "--out", str(tmp_path / "diff"), "--json"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stderr[-3000:]  # the fault is found
+    found = json.loads(done.stdout)  # the whole of stdout is one JSON document
+    assert found["row"] == "cp-ulysses-2"
+
+
 def test_a_gate_that_cannot_discriminate_never_passes(run_cli, zoo_path, tmp_path):
     """Planted fault: a transformer whose output layer is zero outputs zeros, so every row matches the baseline
     at max-abs 0. The sensitivity row shows the gate passes an output perturbed far outside it, and the row fails."""

@@ -58,27 +58,45 @@ def read_index(path: Path) -> dict[str, Any]:
 
 
 def _inside(file: str | None, folder: Path) -> bool:
+    """Whether `file` lies in `folder`, as written (a link inside the folder that points outside is inside) or once
+    links are resolved."""
     if not file:
         return False
     try:
-        return Path(file).resolve().is_relative_to(folder.resolve())
+        return (Path(os.path.abspath(file)).is_relative_to(Path(os.path.abspath(folder)))
+                or Path(file).resolve().is_relative_to(Path(folder).resolve()))
     except OSError:
         return False
 
 
-def _local_module(name: str, path: Path) -> bool:
-    """True when importing the top-level module `name` would run a file inside the model folder `path`, or a file
-    of that name sits in the folder and no installed module of that name exists. Code inside the model folder is
-    remote code whatever sys.path says (`python -m` puts the current folder on it)."""
-    top = name.split(".")[0]
+def _spec(name: str):
     try:
-        spec = importlib.util.find_spec(top)
+        return importlib.util.find_spec(name.split(".")[0])
     except (ImportError, ValueError):
-        spec = None
+        return None
+
+
+def from_working_folder(spec) -> bool:
+    """Whether a module was found only because the working folder is on sys.path (`python -m` puts it there): it
+    sits directly in the working folder (a file, a package, or a link to either). Such a module is not installed:
+    the remote-code rule applies to it as to the model folder's own files."""
+    if spec is None:
+        return False
+    cwd = Path(os.path.abspath(os.getcwd()))
+    places = [Path(os.path.abspath(spec.origin)).parent] if spec.origin and spec.has_location else []
+    places += [Path(os.path.abspath(p)).parent for p in (spec.submodule_search_locations or [])]
+    return any(place == cwd for place in places)
+
+
+def _local_module(name: str, path: Path) -> bool:
+    """True when importing the top-level module `name` would run a file inside the model folder `path` (links
+    included, as written or resolved), or a file the working folder holds. Code inside the model folder is remote
+    code whatever sys.path says (`python -m` puts the current folder on it)."""
+    spec = _spec(name)
     if spec is None:
         return False
     origins = [spec.origin, *(spec.submodule_search_locations or [])]
-    return any(_inside(origin, path) for origin in origins)
+    return any(_inside(origin, path) for origin in origins) or from_working_folder(spec)
 
 
 def torch_dtype(dtype: Any):
@@ -139,11 +157,10 @@ def _import_file_class(file: Path, class_name: str):
         raise PipelineClassError(f"{file} defines no class {class_name!r}") from None
 
 
-def _missing(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name.split(".")[0]) is None
-    except (ImportError, ValueError):
-        return True
+def not_installed(name: str) -> bool:
+    """No installed module of that name (one found only in the working folder does not count)."""
+    spec = _spec(name)
+    return spec is None or from_working_folder(spec)
 
 
 def _remote_files(path: Path, index: dict[str, Any]) -> list[Path]:
@@ -158,10 +175,10 @@ def _remote_files(path: Path, index: dict[str, Any]) -> list[Path]:
         if not isinstance(library, str):
             continue
         if _local_module(library, path):
-            files.append(Path(importlib.util.find_spec(library.split(".")[0]).origin or path / library))
+            files.append(Path(_spec(library).origin or path / library))
             continue
         for candidate in (path / key / f"{library}.py", path / f"{library}.py"):
-            if candidate.is_file() and _missing(library):
+            if candidate.is_file() and not_installed(library):
                 files.append(candidate)
     return files
 
@@ -180,7 +197,7 @@ def pipeline_class(path: Path, index: dict[str, Any], pipeline: str | None = Non
             raise PipelineClassError(f"{path / 'model_index.json'}: _class_name must be a class name or a "
                                      f"[module, Class] pair of strings, got {name!r}")
         local = path / f"{module_name}.py"
-        if _local_module(module_name, path) or (local.is_file() and _missing(module_name)):
+        if _local_module(module_name, path) or (local.is_file() and not_installed(module_name)):
             if not trust_remote_code:
                 raise RemoteCodeError(f"model_index.json names {class_name} from {local}, code inside the model "
                                       "folder; read it, then pass --trust-remote-code to run it")

@@ -144,6 +144,7 @@ class Runner:
             if done:
                 self._record(self.states[row.name], done | {"resumed": True})
                 continue
+            store.discard_result(self.run_dir, row.name)
             reason = preflight(self.cfg, row)
             if reason:
                 self._error(row, f"not run: {reason}", preflight=True)

@@ -11,7 +11,6 @@ else with a folder of configs (scheduler, feature extractor: copied as it is).
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,7 +139,7 @@ def _class(path: Path, name: str, library: str, class_name: str, trust_remote_co
         ensure_packages({name: [library, class_name]})
         module = None
         for candidate in (path / name / f"{library}.py", path / f"{library}.py"):
-            if candidate.is_file() and _not_installed(library):
+            if candidate.is_file() and loader.not_installed(library):
                 if not trust_remote_code:
                     raise TwinError(f"component {name} names {class_name} from {candidate}, code inside the model "
                                     "folder; read it, then pass --trust-remote-code")
@@ -153,13 +152,6 @@ def _class(path: Path, name: str, library: str, class_name: str, trust_remote_co
     if cls is None:
         raise TwinError(f"component {name}: {library} has no class {class_name!r}")
     return cls
-
-
-def _not_installed(library: str) -> bool:
-    try:
-        return importlib.util.find_spec(library.split(".")[0]) is None
-    except (ImportError, ValueError):
-        return True
 
 
 def _classify(component: Component) -> None:

@@ -93,6 +93,12 @@ def save_row(run_dir: Path, name: str, result: dict[str, Any], arrays: dict[str,
     write_json(folder / RESULT, result)
 
 
+def discard_result(run_dir: Path, name: str) -> None:
+    """Forget a row's stored result before the row runs again: a worker group's poll must never read the result
+    of an earlier run (`--resume` of a row that changed, hung or failed) as this run's."""
+    (row_dir(run_dir, name) / RESULT).unlink(missing_ok=True)
+
+
 def load_result(run_dir: Path, name: str) -> dict[str, Any] | None:
     path = row_dir(run_dir, name) / RESULT
     return json.loads(path.read_text()) if path.is_file() else None
