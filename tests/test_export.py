@@ -3,8 +3,9 @@
 Fast tier: the code an export writes (adapter, functor module, planner module, activation lines) for the three
 examples outside diffusers, resolved by cache-dit's own registries in a process that never imports ditgate;
 exporting twice writes nothing; a tree that already registers the name is refused; a file that fails its rows is
-not exported; a read-only tree is refused in one line. Full tier: whole exports (gate run, proof without the file,
-the written test under pytest alone) and exporting again.
+not exported; a read-only tree is refused in one line; both planner registries are activated in full. Full tier:
+whole exports (gate run, proof without the file, the written test under pytest alone: a lean tp-2 one, the three
+examples, FLUX.3), exporting again, a planted fault that fails the proof, cache-dit's own Flux planners.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ def _snapshot(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted((root / "cache_dit").rglob("*.py"))}
 
 
-@pytest.mark.full
 def test_cache_dit_resolves_the_exported_code_without_ditgate(exported):
     tree_dir, written = exported
     assert "cache_dit/distributed/transformers/tinymm.py" in written["tinymm"]
@@ -156,6 +156,7 @@ def test_exporting_again_is_a_no_op(tinymoe_export):
     assert _snapshot(tree_dir) == before
 
 
+@pytest.mark.full
 def test_a_lean_export_proves_only_what_its_rows_cover_and_runs_its_test_alone(tmp_path):
     """zoo:tinymoe with --rows tp-2: the TP planner is exported and proven (no file, the staged tree first on the
     import path; the written test under pytest without ditgate); the adapter and the CP plan, which no chosen row
