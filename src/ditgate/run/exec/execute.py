@@ -198,7 +198,9 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
     if integration is not None:
         unregister = integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
     snapshot = ClassSnapshot.of(pipe)
-    target, perturbation, probes, times = None, None, Probes(), []
+    target, perturbation, times = None, None, []
+    # the uncached single-process rows (the baseline) measure how fast the transformer's output moves between steps
+    probes = Probes(watch_change=not row.cache and row.world_size == 1 and row.perturb is None)
     try:
         stage("apply")
         target = apply(row, pipe, integration, request)
