@@ -18,7 +18,7 @@ import pytest
 from ditgate.core.model import Model
 from ditgate.run.define import rows
 from ditgate.run.reuse import Store, keys, reusable, row_key
-from ditgate.run.runner import RunConfig, run
+from ditgate.run.runner import RunConfig, run, warm_calls
 
 SMALL = {"height": 64, "width": 64, "steps": 3}
 TIMING = {"latency_s", "times", "speedup", "generate_s", "overhead", "peak_memory_bytes", "speedup_caveats",
@@ -109,6 +109,18 @@ def test_rerun_reuses_the_baseline_and_never_a_damaged_one(zoo_path, tmp_path, m
     assert np.array_equal(expected, np.load(tmp_path / "c/rows/baseline/output.npy"))
     assert Store().get(entry.name, tmp_path / "d", "baseline") is not None  # stored again, sound
     assert not _run(model, tmp_path / "e", chosen, reuse=False)["reused"]  # --fresh
+
+
+def test_warm_up_once_per_process(zoo_path, tmp_path):
+    model = Model.open("zoo:flux", **SMALL)
+    report = _run(model, tmp_path / "w", [rows.BASELINE, rows.BASELINE_TILED], reuse=False, warmup=1)
+    calls = {r["name"]: r["warmup_calls"] for r in report["rows"]}
+    assert calls == {"baseline": 1, "baseline-tiled": 0}  # the baseline warmed the process for the row after it
+    assert "Warm-up: once per process, by baseline" in (tmp_path / "w" / "report.md").read_text()
+    compiled = dataclasses.replace(rows.BASELINE, name="compiled", compile=True)
+    assert warm_calls(1, compiled, warmed=True) == 1 and warm_calls(2, rows.BASELINE, warmed=False) == 2
+    # the matrix times every row after its own warm-up (ditgate.perf.acceptance passes warm_once=False)
+    assert warm_calls(1, rows.BASELINE_TILED, warmed=False) == 1
 
 
 @pytest.mark.full

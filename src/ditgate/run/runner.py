@@ -36,6 +36,12 @@ from ditgate.run.define.rows import Row
 LAUNCHES = ("once", "per-row")
 
 
+def warm_calls(warmup: int, row: Row, warmed: bool) -> int:
+    """The warm-up calls `row` makes: none once its process is warm (`warmed`), except a compiled row, whose first
+    call compiles it (the same rule in a worker group's ranks: ditgate.run.exec.worker)."""
+    return 0 if warmed and not row.compile else warmup
+
+
 @dataclass
 class RunConfig:
     model: Model  # the model, its call, dtype and device (ditgate.core.model)
@@ -52,6 +58,7 @@ class RunConfig:
     twin: str = "auto"  # twin rows (ditgate.run.twinned): auto (when not float32), off, or only
     twin_record: dict[str, Any] | None = None  # set on a run of the twin itself: what the twin is (the report's)
     reuse: bool = False  # reference rows from the result store when their key matches (ditgate.run.reuse)
+    warm_once: bool = True  # `warmup` calls once per process (the first row there), not per row; the matrix: False
 
 
 @dataclass
@@ -119,6 +126,7 @@ class Runner:
         self._pristine = None  # the pipeline loaded once in this process (launch="once")
         self._load_due = 0.0  # its load time, paid by the next row that runs on it
         self._groups = itertools.count(1)  # the groups' folders: groups/world{size}-{n}
+        self._warmed = False  # a row in this process made its warm-up calls (warm_once)
         self.twin_record = cfg.twin_record  # the twin rows' record (ditgate.run.twinned.run_twin)
 
     # -- running -------------------------------------------------------------------------------------------------
@@ -276,8 +284,9 @@ class Runner:
                 self._record(self.states[row.name], reused)
                 return
             pristine = self._pristine_pipeline()
-            outcome = run_row(row, self.model, integration=integration,
-                              warmup=self.cfg.warmup if warmup is None else warmup,
+            calls = warm_calls(self.cfg.warmup if warmup is None else warmup, row, self.cfg.warm_once and self._warmed)
+            self._warmed = self._warmed or calls > 0
+            outcome = run_row(row, self.model, integration=integration, warmup=calls,
                               repeats=self.cfg.repeats if repeats is None else repeats, pristine=pristine)
         except Exception as exc:  # noqa: BLE001 - recorded in the report
             self._error(row, f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), rank=0)
@@ -297,7 +306,7 @@ class Runner:
                    "integration": str(self.cfg.integration) if self.cfg.integration else None,
                    "warmup": self.cfg.warmup, "repeats": self.cfg.repeats, "run_dir": str(self.run_dir),
                    "group_dir": str(self.run_dir / "groups" / f"world{size}-{next(self._groups)}"),
-                   "launch": self.cfg.launch}
+                   "launch": self.cfg.launch, "warm_once": self.cfg.warm_once}
             # on CPU the ranks are forked from this process and run on its pipeline (ditgate.run.exec.launch)
             pristine = None
             if self.model.device == "cpu" and hasattr(os, "fork"):

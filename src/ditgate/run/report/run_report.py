@@ -71,7 +71,8 @@ def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
         "error": result.get("error"),
         "media": [f"rows/{state.row.name}/{name}" for name in result.get("media") or []],
         "resumed": bool(result.get("resumed")),
-        "reused_from": result.get("reused_from"),  # the run whose stored result this is (ditgate.run.reuse)
+        "reused_from": result.get("reused_from"),
+        "warmup_calls": result.get("warmup_calls"),  # untimed calls before its timed ones (warm-up once per process)  # the run whose stored result this is (ditgate.run.reuse)
         "diff": state.diff,
         "generate_s": result.get("generate_s"),  # every pipeline call of the row, warm-up included
         "overhead": result.get("overhead"),  # launch_s, load_s, restore_s, setup_s (ditgate.run.exec.execute.run_row)
@@ -252,6 +253,10 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("reused"):
         lines += ["", "## Reused rows (nothing they depend on changed; `--fresh` computes them again)", ""]
         lines += [f"- {name}: reused from {source}" for name, source in report["reused"].items()]
+    warmed = [r["name"] for r in report["rows"] if r.get("warmup_calls")]
+    if warmed:
+        lines += ["", f"Warm-up: once per process, by {', '.join(warmed)} (its untimed calls); the other rows of "
+                      "that process ran on it warm."]
     lines += _time_lines(report)
     lines += spread.lines(report["rows"])
     media = [r for r in report["rows"] if r.get("media")]
