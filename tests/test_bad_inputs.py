@@ -169,6 +169,16 @@ CASES = {
     "skill-target-unwritable": (["skill", "install", "--target", UNWRITABLE], [UNWRITABLE]),
     "skill-broken-link": (["skill", "install", "--target", "{t}/project", "--source", "{t}/skill-src"],
                           ["gone.md"]),
+    # typos: the nearest command or option is named
+    "cli-command-typo": (["rn", "zoo:flux"], ["did you mean run?"]),
+    "cli-action-typo": (["zoo", "buil", "flux"], ["did you mean build?"]),
+    "cli-option-typo": (["run", "zoo:flux", "--rowz", "cache", "--out", "{t}/out"], ["did you mean --rows?"]),
+    "cli-option-typo-with-value": (["flops", "zoo:flux", "--height", "64", "--width", "64", "--stesp=3"],
+                                   ["did you mean --steps?"]),
+    "cli-nested-option-typo": (["zoo", "build", "flux", "{t}/out", "--sed", "3"], ["did you mean --seed?"]),
+    "cli-extra-positional": (["inspect", "zoo:flux", "zoo:wan"], ["unrecognized arguments: zoo:wan"]),
+    # lint: a folder that is not a skill is one line
+    "lint-not-a-skill": (["lint", "{t}/list-index"], ["holds no SKILL.md", "not a skill"]),
 }
 
 
@@ -191,6 +201,11 @@ def test_bad_input_exits_2_with_one_line(name, files, capsys):
     assert not (files / "out").exists(), "a refused command made its output folder"
     assert not (files / "PWNED").exists(), "loading an input ran code"
     assert not (files / "project").exists() or not any((files / "project").rglob("SKILL.md"))
+
+
+def test_ditgate_alone_prints_the_help(run_cli):
+    code, out, err = run_cli()
+    assert code == 0 and "usage: ditgate" in out and "run" in out and not err
 
 
 def test_argparse_rejections_are_one_line(run_cli, capsys):
