@@ -63,6 +63,7 @@ class RowState:
     measured: dict[str, Any] | None = None  # the calibration row: the noise floor it measured
     diff: dict[str, Any] | None = None  # a failed exact row: where it first departs from its baseline
     twin: dict[str, Any] | None = None  # the twin's verdict on this row (ditgate.run.twinned.verdict)
+    inconclusive: str | None = None  # why the row's failing gate cannot judge it (ditgate.run.judge.volatility)
 
     @property
     def ran(self) -> bool:
@@ -331,6 +332,7 @@ class Runner:
     def finish(self) -> dict[str, Any]:
         from ditgate.core.errors import NonFiniteError
         from ditgate.run import twinned
+        from ditgate.run.judge import volatility
         from ditgate.run.report import run_report as report
 
         for state in self.states.values():
@@ -343,6 +345,7 @@ class Runner:
                                      f"check the weights, the dtype and the call)")
         fold_variants(self.states)  # a lossy row over several prompts and seeds: each gate on its worst case
         twinned.merge(self.states, self.twin_record)
+        volatility.settle(self.states, self.gate_table())  # after every verdict: it reads them all
         audio_floor(self)  # the calibration row's measurement shows in the report even without an audio row gated
         if self.cfg.diff:
             from ditgate.run.diff.compare import diagnose
