@@ -23,8 +23,8 @@ ALLOWED = {
     "gates": {"core", "metrics"},
     "twin": {"core", "zoo"},
     "inspect": {"core", "zoo"},
-    "inspect.flops": {"core", "zoo"},
-    "inspect.plan": {"core", "zoo", "inspect"},
+    "inspect.flops": {"core", "zoo", "twin"},
+    "inspect.plan": {"core", "zoo", "inspect", "inspect.flops"},
     "run": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run.define", "run.exec", "run.judge", "run.report",
             "run.diff", "run.reuse"},
     # the runner's rooms, in the order data flows through them: each imports only the rooms before it
