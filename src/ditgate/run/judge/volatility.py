@@ -69,8 +69,8 @@ def _why(state, states: dict[str, Any], bound: float, suffix: str) -> str | None
 
 
 def settle(states: dict[str, Any], gates: dict | None) -> None:
-    """Mark the failing cache rows that no cache could pass on these weights inconclusive (`state.inconclusive`:
-    the reason, first among its reasons; advice to tune the cache is dropped)."""
+    """Mark the failing cache rows that no cache could pass on these weights inconclusive (`verdict.inconclusive`:
+    the reason, also first among its reasons; advice to tune the cache is dropped)."""
     from ditgate.run.judge.cache_off import SUFFIX
     from ditgate.run.judge.hints import TUNING_MARK
 
@@ -78,5 +78,5 @@ def settle(states: dict[str, Any], gates: dict | None) -> None:
     for state in states.values():
         reason = _why(state, states, bound, SUFFIX)
         if reason:
-            state.inconclusive = reason
+            state.verdict["inconclusive"] = reason
             state.reasons = [reason] + [r for r in state.reasons if TUNING_MARK not in r]
