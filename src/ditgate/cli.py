@@ -83,8 +83,38 @@ def _os_error(exc: OSError) -> str:
     return f"{where}: {what}" if where else what
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace | None:
+    """The command line read, or None when it is empty (the help is printed). An unknown option is refused by its
+    command's own parser (its usage, not the top level's) with the closest options it has."""
+    import difflib
+
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        parser.print_help()
+        return None
+    command = argv[0]
+    choices = parser._subparsers._group_actions[0].choices  # the command parsers, by name
+    if command not in choices and not command.startswith("-"):
+        close = difflib.get_close_matches(command, list(choices), n=1)
+        if close:
+            parser.error(f"unknown command {command!r}: did you mean {close[0]!r}?")
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        child = choices[args.command]
+        known = [o for action in child._actions for o in action.option_strings]
+        hints = []
+        for word in unknown:
+            close = difflib.get_close_matches(word.split("=")[0], known, n=1) if word.startswith("-") else []
+            hints.append(f"{word} (did you mean {close[0]}?)" if close else word)
+        child.error(f"unrecognized arguments: {' '.join(hints)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
+    if args is None:
+        return 0
     level = _verbosity(args)
     logs.set_verbosity(level)
     held = io.StringIO() if level < 0 and not getattr(args, "json", False) else None
