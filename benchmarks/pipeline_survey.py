@@ -11,10 +11,13 @@ family the way cache-dit matches it (the first registered prefix the class name 
 2. inspect: `ditgate inspect DIR --json`, which also says whether cache-dit has CP and TP planners for it;
 3. `ditgate run DIR --rows cache[,cp-ulysses-2][,tp-2]`: the CP and TP rows only where cache-dit has a planner
    (they run on CPU over gloo), left out with `--skip-parallel`. Pipelines that need an input image get
-   `--image FILE` (a seeded gradient written here) where `ditgate run` has the option.
+   `--image FILE` (a seeded gradient written here) where `ditgate run` has the option;
+4. with `--twin`: `ditgate twin DIR TWIN` (the twin built from the tiny copy's folder) and the same rows on the twin,
+   `ditgate run TWIN --rows ...`. The `twin` column says whether every row's verdict on the twin equals its verdict
+   on the tiny copy (`agree`) or not (`DIFFER`, the rows and the twin's reasons under reason).
 
 Writes benchmarks/results/pipeline_survey.md (pipeline | family | built | inspect | cache | cp-ulysses-2 | tp-2 |
-reason), keeping the hand-written classification below its marker line, and prints the table and the wall time.
+twin | reason), keeping the hand-written classification below its marker line, and prints the table and the wall time.
 Families with no tiny pipeline here are listed with the diffusers classes they cover.
 """
 
@@ -184,6 +187,11 @@ def worker(job: dict) -> None:
                         if not job["skip_parallel"] and (rc != 0 or planners.get(key))]
     results["rows"] = rows
     record("run", *_step(["run", folder, "--rows", ",".join(rows), "--out", job["run_dir"], *image["run"]]))
+    if job.get("twin"):  # the twin of the tiny copy, built from its folder, and the same rows on it
+        record("twin", *_step(["twin", folder, folder + ".twin", "--overwrite", *image["twin"]]))
+        if results["twin"]["rc"] == 0:
+            record("twin_run", *_step(["run", folder + ".twin", "--rows", ",".join(rows), "--out",
+                                       folder + ".twin.run", *image["run"]]))
 
 
 def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_options: dict[str, bool]) -> None:
@@ -193,9 +201,10 @@ def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_option
     result = folder.with_name(folder.name + ".steps.json")
     result.unlink(missing_ok=True)
     shutil.rmtree(run_dir, ignore_errors=True)  # ditgate run refuses a folder holding an earlier run
+    shutil.rmtree(f"{folder}.twin.run", ignore_errors=True)
     image = ["--image", str(work / "input.png")] if entry.image else []
     job = {"name": entry.name, "folder": str(folder), "run_dir": str(run_dir), "result": str(result),
-           "skip_parallel": args.skip_parallel, "image": {k: image if v else [] for k, v in image_options.items()}}
+           "skip_parallel": args.skip_parallel, "twin": args.twin, "image": {k: image if v else [] for k, v in image_options.items()}}
     try:
         subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], env=env, cwd=ROOT, check=False,
                        timeout=args.timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -254,6 +263,29 @@ def judge(entry: Entry, work: Path, steps: dict, skip_parallel: bool) -> None:
             entry.reasons.append(f"{row}: {_row_reason(got)}")
     for row in rows:
         entry.cells.setdefault(row, "FAIL")
+    if "twin" in steps:
+        twin_cell(entry, steps, rows, Path(f"{folder}.twin.run") / "report.json")
+
+
+def twin_cell(entry: Entry, steps: dict, rows: list[str], report_path: Path) -> None:
+    """`agree` when every row's verdict on the twin equals the tiny copy's, else `DIFFER` and why."""
+    if steps["twin"]["rc"] != 0 or not report_path.is_file():
+        step = "twin" if steps["twin"]["rc"] != 0 else "twin_run"
+        out = steps.get(step, {}).get("out", steps.get("late", "the worker ended before this step"))
+        entry.cells["twin"] = "no twin" if step == "twin" else "DIFFER"
+        entry.reasons.append(f"{step}: {_last_error(out)}{_where(out)}")
+        return
+    twin_rows = {r["name"]: r for r in json.loads(report_path.read_text()).get("rows", [])}
+    differ = []
+    for row in rows:
+        got = twin_rows.get(row)
+        verdict = "pass" if got and got.get("status") == "passed" else "FAIL"
+        if verdict != entry.cells.get(row):
+            why = _row_reason(got) if got else "not in the twin's report"
+            differ.append(f"twin: {row} {entry.cells.get(row)} on the tiny copy, {verdict} on the twin"
+                          + (f" ({why})" if verdict == "FAIL" else ""))
+    entry.cells["twin"] = "DIFFER" if differ else "agree"
+    entry.reasons += differ
 
 
 def _row_reason(row: dict) -> str:
@@ -263,7 +295,7 @@ def _row_reason(row: dict) -> str:
     return f"{str(why)[:300]}{_where(error.get('traceback', '')) if isinstance(error, dict) else ''}"
 
 
-COLUMNS = ("built", "inspect", "cache", "cp-ulysses-2", "tp-2")
+COLUMNS = ("built", "inspect", "cache", "cp-ulysses-2", "tp-2", "twin")
 
 
 def markdown(done: list[Entry], missing: dict[str, list[str]], runs: list[dict]) -> str:
@@ -277,8 +309,8 @@ def markdown(done: list[Entry], missing: dict[str, list[str]], runs: list[dict])
              *[f"- `{r['command']}`: {r['pipelines']} pipelines, "
                + (f"{r['wall_s'] / 60:.1f} min of the pipelines' own time (the runs that wrote the folder: below)"
                   if "--collect" in r["command"] else f"{r['wall_s'] / 60:.1f} min wall") for r in runs], "",
-             "| pipeline | family | class | built | inspect | cache | cp-ulysses-2 | tp-2 | s | reason |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| pipeline | family | class | built | inspect | cache | cp-ulysses-2 | tp-2 | twin | s | reason |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in done:
         cells = " | ".join(e.cells.get(c, "–") for c in COLUMNS)
         reason = "; ".join(e.reasons).replace("|", "/") or ""
@@ -286,8 +318,8 @@ def markdown(done: list[Entry], missing: dict[str, list[str]], runs: list[dict])
         lines.append(f"| zoo:{e.name} | {e.family} | {e.pipeline} | {cells} | {seconds} | {reason} |")
     lines += ["", "Totals:", ""]
     for c in COLUMNS:
-        ok = sum(e.cells.get(c) in ("yes", "pass") for e in done)
-        tried = sum(e.cells.get(c) in ("yes", "no", "pass", "FAIL") for e in done)
+        ok = sum(e.cells.get(c) in ("yes", "pass", "agree") for e in done)
+        tried = sum(e.cells.get(c) in ("yes", "no", "pass", "FAIL", "agree", "DIFFER", "no twin") for e in done)
         lines.append(f"- {c}: {ok} of {tried} tried")
     lines.append(f"- families covered: {len({e.family for e in done})}")
     if missing:
@@ -301,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", help="comma-separated zoo names (pipe/flux-kontext or flux-kontext, flux)")
     parser.add_argument("--skip-parallel", action="store_true", help="run only the cache row")
+    parser.add_argument("--twin", action="store_true",
+                        help="also build each tiny copy's twin and run the same rows on it (the twin column)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds for one pipeline: build, inspect and rows (default 900)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"Markdown file (default {RESULTS})")
@@ -326,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.collect:
         _test_image(work / "input.png")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), DITGATE_HOME=str(work / "home"))
-    image_options = {cmd: _has_option(cmd, "--image") for cmd in ("run", "inspect")}
+    image_options = {cmd: _has_option(cmd, "--image") for cmd in ("run", "inspect", "twin")}
     if args.collect:  # the steps a survey into --work has finished so far, nothing run
         done = []
         for entry in todo:

@@ -40,6 +40,7 @@ DATA_PARTS = _data_parts()
 def build_wheel(dist: Path) -> Path:
     """`pip wheel --no-deps .` with the installed setuptools (no build isolation: nothing is downloaded), on a copy
     of the checkout's build inputs so that the build leaves nothing (build/, *.egg-info) in the checkout."""
+    dist.mkdir(parents=True, exist_ok=True)
     source = dist.parent / "source"
     if source.exists():
         shutil.rmtree(source)

@@ -64,6 +64,13 @@ def files(tmp_path, zoo_path):
         "phase-list": "- {name: x, phase: [cp]}",
     }.items():
         (rows / f"{name}.yaml").write_text(text + "\n")
+    # transformer configs that lie: rotary axes that do not sum to the head size, a billion layers, negative heads
+    lie = t / "lie"
+    lie.mkdir()
+    flux = json.loads((zoo_path("zoo:flux") / "transformer" / "config.json").read_text())
+    for name, change in {"rope": {"axes_dims_rope": [2, 2, 2]}, "huge": {"num_layers": 10**9},
+                         "negative": {"num_attention_heads": -4}}.items():
+        (lie / f"{name}.json").write_text(json.dumps({**flux, **change}))
     # a run folder with a corrupt run.json, and one whose finished row has a corrupt result.json
     (t / "corrupt-run").mkdir()
     (t / "corrupt-run" / "run.json").write_text("{not json")
@@ -173,6 +180,16 @@ CASES = {
     "flops-negative-height": (["flops", "zoo:flux", "--height", "-16"], ["height"]),
     "flops-overflowing-height": (["flops", "zoo:flux", "--height", "1" + "0" * 30], ["height"]),
     "flops-index-is-a-list": (["flops", "{t}/list-index", "--height", "64", "--width", "64"], ["list-index"]),
+    "flops-frames-on-an-image-model": (["flops", "zoo:flux", "--height", "64", "--width", "64", "--frames", "5"],
+                                       ["--frames", "images"]),
+    "flops-beyond-the-rotary-table": (["flops", "zoo:wan", "--height", "480", "--width", "832", "--frames", "81",
+                                       "--json"], ["rope_max_seq_len 32"]),
+    "flops-config-rope-lies": (["flops", "{t}/lie/rope.json", "--height", "64", "--width", "64"],
+                               ["cannot run at 64x64"]),
+    "flops-config-billion-layers": (["flops", "{t}/lie/huge.json", "--height", "64", "--width", "64"],
+                                    ["num_layers is 1,000,000,000"]),
+    "flops-config-negative-heads": (["flops", "{t}/lie/negative.json", "--height", "64", "--width", "64"],
+                                    ["does not build"]),
     "zoo-build-onto-a-file": (["zoo", "build", "flux", "{t}/a-file"], ["a-file"]),
     "zoo-build-overwrite-a-file": (["zoo", "build", "flux", "{t}/a-file", "--overwrite"], ["a-file"]),
     "zoo-build-unwritable": (["zoo", "build", "flux", UNWRITABLE], [UNWRITABLE]),
@@ -200,8 +217,16 @@ CASES = {
                                     "--width", "7"], ["SSIM window"]),
     "diff-empty-row": (["diff", "zoo:flux", "--row", "", "--out", "{t}/out"], ["name one row"]),
     "diff-two-rows": (["diff", "zoo:flux", "--row", "cache,tp-2", "--out", "{t}/out"], ["name one row"]),
-    "option-typo": (["run", "zoo:flux", "--rowz", "cache", "--out", "{t}/out"], ["did you mean --rows"]),
-    "command-typo": (["rn", "zoo:flux"], ["did you mean 'run'"]),
+    # typos: the nearest command or option is named
+    "cli-command-typo": (["rn", "zoo:flux"], ["did you mean run?"]),
+    "cli-action-typo": (["zoo", "buil", "flux"], ["did you mean build?"]),
+    "cli-option-typo": (["run", "zoo:flux", "--rowz", "cache", "--out", "{t}/out"], ["did you mean --rows?"]),
+    "cli-option-typo-with-value": (["flops", "zoo:flux", "--height", "64", "--width", "64", "--stesp=3"],
+                                   ["did you mean --steps?"]),
+    "cli-nested-option-typo": (["zoo", "build", "flux", "{t}/out", "--sed", "3"], ["did you mean --seed?"]),
+    "cli-extra-positional": (["inspect", "zoo:flux", "zoo:wan"], ["unrecognized arguments: zoo:wan"]),
+    # lint: a folder that is not a skill is one line
+    "lint-not-a-skill": (["lint", "{t}/list-index"], ["holds no SKILL.md", "not a skill"]),
 }
 
 
@@ -224,6 +249,11 @@ def test_bad_input_exits_2_with_one_line(name, files, capsys):
     assert not (files / "out").exists(), "a refused command made its output folder"
     assert not (files / "PWNED").exists(), "loading an input ran code"
     assert not (files / "project").exists() or not any((files / "project").rglob("SKILL.md"))
+
+
+def test_ditgate_alone_prints_the_help(run_cli):
+    code, out, err = run_cli()
+    assert code == 0 and "usage: ditgate" in out and "run" in out and not err
 
 
 def test_argparse_rejections_are_one_line(run_cli, capsys):
@@ -298,8 +328,3 @@ def test_no_row_and_reserved_names_are_refused(run_cli, tmp_path, argv, words):
     code, stdout, err = run_cli(*[a.replace("{t}", str(tmp_path)) for a in argv], "--out", out)
     assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
     assert "PASS" not in stdout and not out.exists()
-
-
-def test_ditgate_alone_prints_the_help(run_cli):
-    code, out, err = run_cli()
-    assert code == 0 and "usage: ditgate" in out and "COMMAND" in out and not err

@@ -3,8 +3,9 @@
 Fast tier: the code an export writes (adapter, functor module, planner module, activation lines) for the three
 examples outside diffusers, resolved by cache-dit's own registries in a process that never imports ditgate;
 exporting twice writes nothing; a tree that already registers the name is refused; a file that fails its rows is
-not exported; a read-only tree is refused in one line. Full tier: whole exports (gate run, proof without the file,
-the written test under pytest alone) and exporting again.
+not exported; a read-only tree is refused in one line; both planner registries are activated in full. Full tier:
+whole exports (gate run, proof without the file, the written test under pytest alone: a lean tp-2 one, the three
+examples, FLUX.3), exporting again, a planted fault that fails the proof, cache-dit's own Flux planners.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ def _snapshot(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted((root / "cache_dit").rglob("*.py"))}
 
 
-@pytest.mark.full
 def test_cache_dit_resolves_the_exported_code_without_ditgate(exported):
     tree_dir, written = exported
     assert "cache_dit/distributed/transformers/tinymm.py" in written["tinymm"]
@@ -156,6 +156,7 @@ def test_exporting_again_is_a_no_op(tinymoe_export):
     assert _snapshot(tree_dir) == before
 
 
+@pytest.mark.full
 def test_a_lean_export_proves_only_what_its_rows_cover_and_runs_its_test_alone(tmp_path):
     """zoo:tinymoe with --rows tp-2: the TP planner is exported and proven (no file, the staged tree first on the
     import path; the written test under pytest without ditgate); the adapter and the CP plan, which no chosen row
@@ -232,6 +233,11 @@ def test_examples_export_and_prove(name, tmp_path):
     assert proof["integration"] is None and proof["versions"]["cache_dit_from"] == result["proof_cache_dit"]
     assert {r["name"]: r["status"] for r in proof["rows"] if r.get("phase")} == {
         "cache": "passed", "cp-ulysses-2": "passed", "cp-ring-2": "passed", "tp-2": "passed"}
+    probe = ("import json; from cache_dit._utils.examples import ExampleRegister as E; "
+             f"print(json.dumps([E.get_default('{name}'), '{name}' in E.list_examples()]))")
+    listed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tree_dir,
+                            env={"PYTHONPATH": str(tree_dir), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert json.loads(listed.stdout.strip().splitlines()[-1])[1], listed.stderr[-2000:]  # cache-dit-generate's
     if name == "tinyst":  # the pairs patch moved into a functor module; the CP proof saw dimension 0 split
         assert "cache_dit/caching/patch_functors/functor_tinyst.py" in result["written"]
         ulysses = next(r for r in proof["rows"] if r["name"] == "cp-ulysses-2")
@@ -254,9 +260,10 @@ def test_cache_dits_own_planners_still_work_in_an_exported_tree(exported, tmp_pa
 
 @pytest.mark.full
 def test_a_modular_pipeline_cache_dit_does_not_support_is_exported_as_far_as_it_goes(tmp_path):
-    """zoo:flux3, a survey pipeline cache-dit 1.5.3 does not support (modular-only; its transformer's name starts with
-    the registered prefix `Flux`, whose adapter refuses it): planners and adapter go in ahead of Flux's, the rows pass
-    with no file, the written test passes alone, and PR.md says what cache-dit would need for the rest."""
+    """zoo:flux3, a survey pipeline cache-dit 1.5.3 does not support (modular-only; its name starts with the adapter
+    prefix `Flux`, whose adapter refuses it): the adapter goes in ahead of Flux's, cache-dit resolves the exported
+    planners for its transformer, the rows pass with no file, the written test passes alone, and PR.md says what
+    cache-dit would need for the rest."""
     tree_dir = copy_cache_dit(tmp_path / "tree")
     done = _cli("export", "--integration", str(ROOT / "examples/flux3/integration.py"), "--model", "zoo:flux3",
                 "--to", str(tree_dir), "--out", str(tmp_path / "out"), "--json")
@@ -267,8 +274,15 @@ def test_a_modular_pipeline_cache_dit_does_not_support_is_exported_as_far_as_it_
     assert any("enable_cache to accept a ModularPipeline" in item for item in result["upstream"])
     adapters = (tree_dir / "cache_dit/caching/block_adapters/adapters.py").read_text()
     assert adapters.index('register("Flux3")') < adapters.index('register("Flux")')
-    planners = (tree_dir / "cache_dit/distributed/transformers/planners.py").read_text()
-    assert planners.index('".flux3", "Flux3ContextParallelismPlanner"') < planners.index('".flux", "Flux')
+    probe = ("from cache_dit.distributed.transformers.dispatch import _ensure_cp_planners_activated as a, "
+             "_ensure_tp_planners_activated as b\n"
+             "from cache_dit.distributed.transformers.register import ContextParallelismPlannerRegister as C, "
+             "TensorParallelismPlannerRegister as T\n"
+             "a(); b(); print(C.get_planner('Flux3Transformer2DModel').__module__, "
+             "T.get_planner('Flux3Transformer2DModel').__module__)")
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tree_dir,
+                           env={"PYTHONPATH": str(tree_dir), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert found.stdout.split()[-2:] == ["cache_dit.distributed.transformers.flux3"] * 2, found.stderr[-2000:]
     assert "What cache-dit would need" in (tmp_path / "out" / "PR.md").read_text()
 
 
@@ -287,3 +301,27 @@ def test_every_tp_planner_is_activated_after_the_cp_ones():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     plain, ours = json.loads(out.stdout.strip().splitlines()[-1])
     assert plain == [] and sorted(ours) == ["HunyuanDiT", "Mochi"]
+
+
+@pytest.mark.full
+def test_an_export_that_fails_its_proof_writes_nothing(tmp_path):
+    """Planted: TinyMoE's TP layout set by a statement the file runs at import. The file passes tp-2 (the statement
+    ran); the export moves definitions, not statements, so the proof without the file fails: exit 1, nothing
+    written, and PR.md names the statement."""
+    text = (ROOT / EXAMPLES["tinymoe"][0]).read_text()
+    original = "def tp_plan(transformer, tp_mesh, parallelism_config):\n    return shard_blocks(transformer, tp_mesh)\n"
+    assert original in text
+    planted = tmp_path / "integration.py"
+    planted.write_text(text.replace(original, "LAYOUT = {}\nLAYOUT.update(relayout=True)  # run at import\n\n\n"
+                                    "def tp_plan(transformer, tp_mesh, parallelism_config):\n"
+                                    "    return shard_blocks(transformer, tp_mesh, relayout=LAYOUT['relayout'])\n"))
+    fresh = copy_cache_dit(tmp_path / "tree")
+    pristine = _snapshot(fresh)
+    done = _cli("export", "--integration", str(planted), "--model", "zoo:tinymoe", "--to", str(fresh), "--rows",
+                "tp-2", "--out", str(tmp_path / "out"))
+    assert done.returncode == 1, done.stderr[-2000:]
+    pr = (tmp_path / "out" / "PR.md").read_text()
+    assert "Not exported: the proof failed" in pr and "LAYOUT.update(relayout=True)" in pr
+    proof = next(line for line in pr.splitlines() if line.startswith("| tp-2 |") and "KeyError" in line)
+    assert "'relayout'" in proof
+    assert _snapshot(fresh) == pristine and not (fresh / "tests").exists()

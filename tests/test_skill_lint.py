@@ -445,7 +445,11 @@ def test_cli_reports_and_exit_codes(skill, run_cli):
 
 
 def test_cli_missing_skill(tmp_path, run_cli):
-    code, out, _ = run_cli("lint", tmp_path)
+    code, out, err = run_cli("lint", tmp_path)  # not a skill: one line, not every rule's complaint
+    assert code == 2 and not out and len(err.splitlines()) == 1 and "holds no SKILL.md" in err, err
+    (tmp_path / "references").mkdir()
+    (tmp_path / "references" / "a.md").write_text("# A\n")
+    code, out, _ = run_cli("lint", tmp_path)  # a skill that lost its SKILL.md
     assert code == 1 and "SKILL.md:1: frontmatter: the skill has no SKILL.md" in out
     code, _, err = run_cli("lint", tmp_path / "absent")
     assert code == 2 and "does not exist" in err

@@ -28,13 +28,13 @@ def _run(out: Path, prompts: list[str], seeds: int, gates: Path | None = None, r
 
 def test_each_gate_on_the_worst_case(tmp_path):
     out = tmp_path / "run"
-    report = _run(out, ["a lighthouse on a cliff at dusk"], 2)
+    report = _run(out, ["a lighthouse on a cliff at dusk"], 1)  # one more case: the fast tier's budget
     by_name = {r["name"]: r for r in report["rows"]}
-    cases = ["cache", "cache@p0s1", "cache@p1s0", "cache@p1s1"]
-    assert set(cases) <= set(by_name) and {"baseline@p0s1", "baseline@p1s0", "baseline@p1s1"} <= set(by_name)
-    # the variants really ran on other prompts and seeds: their baselines differ from the request's
+    cases = ["cache", "cache@p1s0"]
+    assert set(cases) <= set(by_name) and "baseline@p1s0" in by_name
+    # the variant really ran on the other prompt: its baseline differs from the request's
     base = np.load(out / "rows" / "baseline" / "output.npy")
-    for other in ("baseline@p0s1", "baseline@p1s0"):
+    for other in ("baseline@p1s0",):
         assert np.abs(np.load(out / "rows" / other / "output.npy") - base).max() > 0.01
     psnr = {name: by_name[name]["metrics"]["psnr"] for name in cases}
     cache = by_name["cache"]
@@ -42,7 +42,7 @@ def test_each_gate_on_the_worst_case(tmp_path):
     assert check["value"] == min(psnr.values()) and check["worst_case"] == min(psnr, key=psnr.get)
     assert check["spread"]["max"] == max(psnr.values()) and cache["status"] == "passed"
     text = (out / "report.md").read_text()
-    assert "## Prompts and seeds (each gate on the worst case)" in text and "| cache | 4 | psnr |" in text
+    assert "## Prompts and seeds (each gate on the worst case)" in text and "| cache | 2 | psnr |" in text
     assert "## Latency over repeats (s)" in text and "| cache | 2 |" in text
 
     # a threshold between the request's own PSNR and the worst case: the row alone would pass, its worst case fails
@@ -54,7 +54,7 @@ def test_each_gate_on_the_worst_case(tmp_path):
             c["value"] = (psnr["cache"] + min(psnr.values())) / 2
     strict = tmp_path / "strict.json"
     strict.write_text(json.dumps(table))
-    again = {r["name"]: r for r in _run(out, ["a lighthouse on a cliff at dusk"], 2, gates=strict,
+    again = {r["name"]: r for r in _run(out, ["a lighthouse on a cliff at dusk"], 1, gates=strict,
                                         resume=True)["rows"]}
     assert all(again[name]["resumed"] for name in cases)  # judged again, not run again
     assert again["cache"]["status"] == "failed"

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import errno
 import io
 import importlib
 import pkgutil
+import re
 import signal
 import sys
 import threading
@@ -35,8 +37,30 @@ def command_modules() -> dict[str, object]:
     return found
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors name the nearest command or option to a misspelt one."""
+
+    def error(self, message: str):
+        super().error(message + _did_you_mean(self, message))
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    """' (did you mean X?)' for an invalid choice or an unrecognized option close to one `parser` knows."""
+    choice = re.match(r"argument .*: invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+    if choice:
+        word, known = choice.group(1), re.findall(r"'(.*?)'", choice.group(2))
+    else:
+        unknown = re.match(r"unrecognized arguments: (\S+)", message)
+        if not unknown or not unknown.group(1).startswith("-"):
+            return ""
+        word = unknown.group(1).split("=")[0]
+        known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    near = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ditgate", description="Check each phase of integrating a diffusion transformer into cache-dit.")
     parser.add_argument("--version", action="version", version=f"ditgate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -55,6 +79,7 @@ def _add_verbosity(parser: argparse.ArgumentParser) -> None:
         for child in subparsers[0].choices.values():
             _add_verbosity(child)
         return
+    parser.set_defaults(_parser=parser)  # the parser that reports an unrecognized option (ditgate.cli.main)
     group = parser.add_argument_group("output")
     group.add_argument("-q", "--quiet", action="count", default=argparse.SUPPRESS,
                        help="print nothing when the command succeeds (its output and progress are shown on failure; "
@@ -83,38 +108,15 @@ def _os_error(exc: OSError) -> str:
     return f"{where}: {what}" if where else what
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace | None:
-    """The command line read, or None when it is empty (the help is printed). An unknown option is refused by its
-    command's own parser (its usage, not the top level's) with the closest options it has."""
-    import difflib
-
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        parser.print_help()
-        return None
-    command = argv[0]
-    choices = parser._subparsers._group_actions[0].choices  # the command parsers, by name
-    if command not in choices and not command.startswith("-"):
-        close = difflib.get_close_matches(command, list(choices), n=1)
-        if close:
-            parser.error(f"unknown command {command!r}: did you mean {close[0]!r}?")
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        child = choices[args.command]
-        known = [o for action in child._actions for o in action.option_strings]
-        hints = []
-        for word in unknown:
-            close = difflib.get_close_matches(word.split("=")[0], known, n=1) if word.startswith("-") else []
-            hints.append(f"{word} (did you mean {close[0]}?)" if close else word)
-        child.error(f"unrecognized arguments: {' '.join(hints)}")
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    if args is None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if not argv:  # `ditgate` alone: what it can do
+        parser.print_help()
         return 0
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the command's own parser: its usage, and the nearest of its options
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     level = _verbosity(args)
     logs.set_verbosity(level)
     held = io.StringIO() if level < 0 and not getattr(args, "json", False) else None

@@ -93,6 +93,8 @@ def plan(model, integration: Path, to: Path, out: Path | None, rows: list[str] |
     result = Export(names=names, tree=tree, rows=chosen, out=Path(out or Path("runs") / f"export-{names.slug}-{stamp}"))
     result.left_out = [f"{hook}: no chosen row proves it (rows: {', '.join(chosen)})"
                        for hook in sorted(set(hooks) - proven)]
+    result.left_out += [f"{item} (a statement the file runs at import; the export moves definitions, assignments "
+                        "and imports only, and the proof runs without it)" for item in source.statements]
     code_edits(tree, source, names, proven & set(hooks))
     if "tp_plan" in proven & set(hooks) and "cp_plan" not in proven & set(hooks):
         result.upstream.append(

@@ -33,6 +33,7 @@ class Source:
     path: Path
     lines: list[str]
     pieces: list[Piece] = field(default_factory=list)
+    statements: list[str] = field(default_factory=list)  # top-level statements that are not definitions
 
     @classmethod
     def read(cls, path: str | Path) -> "Source":
@@ -45,6 +46,9 @@ class Source:
         source = cls(path=path, lines=text.splitlines())
         for node in tree.body:
             if _is_docstring(node):
+                continue
+            if not isinstance(node, _MOVABLE):
+                source.statements.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0][:80]}")
                 continue
             source.pieces.append(Piece(node, source._segment(node), _defines(node), _uses(node)))
         return source
@@ -61,7 +65,7 @@ class Source:
         """The same file with the hooks not in `hooks` left out (block_adapter, cp_plan, tp_plan)."""
         dropped = {"block_adapter", "cp_plan", "tp_plan"} - set(hooks)
         kept = [p for p in self.pieces if not (p.defines & dropped and not _is_import(p.node))]
-        return Source(path=self.path, lines=self.lines, pieces=kept)
+        return Source(path=self.path, lines=self.lines, pieces=kept, statements=self.statements)
 
     def function(self, name: str) -> ast.FunctionDef | None:
         for piece in self.pieces:
@@ -111,6 +115,11 @@ class Source:
         wanted = set(definitions)
         chunks = [p.text for p in self.pieces if not _is_import(p.node) and p.defines & wanted]
         return "\n\n\n".join(chunks)
+
+
+# what moves into cache-dit: definitions, assignments, imports (a statement run at import, a call or an `if`, does not)
+_MOVABLE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign, ast.Import,
+            ast.ImportFrom)
 
 
 def _is_docstring(node: ast.stmt) -> bool:

@@ -127,6 +127,9 @@ def _ignored(skill: Skill, problem: Problem, rule: str) -> bool:
 def lint(root: str | Path = ".", config: LintConfig | None = None) -> LintReport:
     config = config or LintConfig()
     skill = load_skill(root)
+    if skill.skill_md is None and not skill.docs:  # not a skill at all: one line, not every rule's complaint
+        raise DitgateError(f"{skill.root} holds no SKILL.md (nor references/): not a skill folder; give the "
+                           "folder of the skill to lint")
     findings: list[Finding] = []
     ran = []
     for rule in RULES:
