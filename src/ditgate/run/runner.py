@@ -24,6 +24,7 @@ from ditgate.core import logs
 from ditgate.run.progress import Lines, planned
 from ditgate.run.exec import files as store
 from ditgate.run.judge.gating import audio_floor, judge_row
+from ditgate.run import twinned
 from ditgate.run.judge import variants, volatility
 from ditgate.core.errors import DitgateError
 from ditgate.core.model import Model
@@ -143,8 +144,6 @@ class Runner:
         self._record(self.states[row.name], save_error(self.run_dir, row, {"message": message, **extra}))
 
     def run(self) -> dict[str, Any]:
-        from ditgate.run import twinned
-
         if twinned.wanted(self.cfg.twin, self.model.dtype):  # structure first: the float32 twin, then the model
             self.twin_record = twinned.run_twin(self.cfg, self.run_dir, run, self.progress)
         pending = []
@@ -358,7 +357,6 @@ class Runner:
     # -- judging and reporting -------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
         from ditgate.core.errors import NonFiniteError
-        from ditgate.run import twinned
         from ditgate.run.report import run_report as report
 
         for state in self.states.values():
@@ -407,9 +405,10 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=N
     """Run every row of `cfg` and write the report; returns the report (see ditgate.run.report.run_report).
 
     `profile`: the FLOP profile at the request's size when the caller has one (else counted when needed)."""
-    from ditgate.run import twinned
+    from ditgate.run.judge.gating import check_judgeable_size
 
     twinned.check_mode(cfg.twin)
+    check_judgeable_size(cfg.model.request.call)
     if cfg.twin == "only":
         return twinned.only(cfg, run, progress or logs.progress)
     runner = Runner(cfg, progress, profile)

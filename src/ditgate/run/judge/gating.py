@@ -138,3 +138,16 @@ def audio_floor(runner) -> dict[str, Any]:
         if all(x is not None for x in latents):  # shown next to the rows' latent checks, not a threshold
             calib.measured["cosine"] = tensor_metrics(*latents)["cosine"]
     return {"measured": calib.measured, "used": gate_floor(calib.measured, runner.gate_table()) or None}
+
+
+
+def check_judgeable_size(call: dict) -> None:
+    """Refuse, before any row runs, a picture smaller than the SSIM window: no row of it could be judged."""
+    from ditgate.core.errors import DitgateError
+    from ditgate.metrics.kernel import WINDOW
+
+    small = {k: call[k] for k in ("height", "width") if isinstance(call.get(k), int) and call[k] < WINDOW}
+    if small:
+        sizes = ", ".join(f"{k} {v}" for k, v in small.items())
+        raise DitgateError(f"{sizes}: smaller than the {WINDOW}x{WINDOW} SSIM window, so no row could be judged; "
+                           f"use at least {WINDOW} (the pipeline may round the size down further)")
