@@ -15,6 +15,8 @@ def pytest_configure(config):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # every test's run computes its rows unless it asks for reuse (tests/test_reuse.py does)
+    os.environ.setdefault("DITGATE_REUSE", "off")
 
 
 @pytest.fixture(scope="session")

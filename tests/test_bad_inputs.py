@@ -63,6 +63,13 @@ def files(tmp_path, zoo_path):
         "phase-list": "- {name: x, phase: [cp]}",
     }.items():
         (rows / f"{name}.yaml").write_text(text + "\n")
+    # transformer configs that lie: rotary axes that do not sum to the head size, a billion layers, negative heads
+    lie = t / "lie"
+    lie.mkdir()
+    flux = json.loads((zoo_path("zoo:flux") / "transformer" / "config.json").read_text())
+    for name, change in {"rope": {"axes_dims_rope": [2, 2, 2]}, "huge": {"num_layers": 10**9},
+                         "negative": {"num_attention_heads": -4}}.items():
+        (lie / f"{name}.json").write_text(json.dumps({**flux, **change}))
     # a run folder with a corrupt run.json, and one whose finished row has a corrupt result.json
     (t / "corrupt-run").mkdir()
     (t / "corrupt-run" / "run.json").write_text("{not json")
@@ -161,6 +168,16 @@ CASES = {
     "flops-negative-height": (["flops", "zoo:flux", "--height", "-16"], ["height"]),
     "flops-overflowing-height": (["flops", "zoo:flux", "--height", "1" + "0" * 30], ["height"]),
     "flops-index-is-a-list": (["flops", "{t}/list-index", "--height", "64", "--width", "64"], ["list-index"]),
+    "flops-frames-on-an-image-model": (["flops", "zoo:flux", "--height", "64", "--width", "64", "--frames", "5"],
+                                       ["--frames", "images"]),
+    "flops-beyond-the-rotary-table": (["flops", "zoo:wan", "--height", "480", "--width", "832", "--frames", "81",
+                                       "--json"], ["rope_max_seq_len 32"]),
+    "flops-config-rope-lies": (["flops", "{t}/lie/rope.json", "--height", "64", "--width", "64"],
+                               ["cannot run at 64x64"]),
+    "flops-config-billion-layers": (["flops", "{t}/lie/huge.json", "--height", "64", "--width", "64"],
+                                    ["num_layers is 1,000,000,000"]),
+    "flops-config-negative-heads": (["flops", "{t}/lie/negative.json", "--height", "64", "--width", "64"],
+                                    ["does not build"]),
     "zoo-build-onto-a-file": (["zoo", "build", "flux", "{t}/a-file"], ["a-file"]),
     "zoo-build-overwrite-a-file": (["zoo", "build", "flux", "{t}/a-file", "--overwrite"], ["a-file"]),
     "zoo-build-unwritable": (["zoo", "build", "flux", UNWRITABLE], [UNWRITABLE]),

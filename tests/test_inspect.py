@@ -302,7 +302,7 @@ def test_cli_json_matches_the_api_and_writes_the_plan(run_cli, tmp_path, wan):
     assert [p.name for p in plan.parent.iterdir()] == ["wan.md"]  # no temporary file left behind
     headings = [line for line in data["plan"].splitlines() if line.startswith("## ")]
     assert [h.split(" ", 2)[1] for h in headings if h[3].isdigit()] == ["1.", "2.", "3.", "4.", "5.", "6.", "7."]
-    assert "Check: `ditgate run zoo:wan --rows baseline,cache`" in data["plan"]
+    assert "Check: `ditgate run zoo:wan --rows baseline,cache --prompt " in data["plan"]
 
 
 def test_cli_errors(run_cli, tmp_path):

@@ -23,16 +23,17 @@ ALLOWED = {
     "gates": {"core", "metrics"},
     "twin": {"core", "zoo"},
     "inspect": {"core", "zoo"},
-    "inspect.flops": {"core", "zoo"},
-    "inspect.plan": {"core", "zoo", "inspect"},
+    "inspect.flops": {"core", "zoo", "twin"},
+    "inspect.plan": {"core", "zoo", "inspect", "inspect.flops"},
     "run": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run.define", "run.exec", "run.judge", "run.report",
-            "run.diff"},
+            "run.diff", "run.reuse"},
     # the runner's rooms, in the order data flows through them: each imports only the rooms before it
     "run.define": {"core", "zoo", "inspect"},
     "run.exec": {"core", "zoo", "metrics", "gates", "inspect", "run.define"},
     "run.judge": {"core", "zoo", "metrics", "gates", "inspect", "run.define", "run.exec"},
     "run.report": {"core", "zoo", "metrics", "gates", "inspect", "run.define", "run.exec", "run.judge"},
     "run.diff": {"core", "zoo", "metrics", "gates", "inspect", "run.define", "run.exec", "run.judge"},
+    "run.reuse": {"core", "zoo", "gates", "run.define", "run.exec"},  # the result store (after exec, before judging)
     "export": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run"},
     "perf": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run"},
     "skill": {"core", "cli"},  # the linter checks the skill's command lines with the CLI's own parser

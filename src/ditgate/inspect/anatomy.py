@@ -274,8 +274,11 @@ def _warnings(anatomy: Anatomy) -> list[str]:
 
 
 def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int | None = None,
-            dropped: list[str] | None = None, seed: int = 0) -> Anatomy:
-    """The anatomy of `pipe`, observed by running `pipe(**call)` once (keep the call tiny)."""
+            dropped: list[str] | None = None, seed: int = 0, request_args: list[str] | None = None,
+            vae_tiling: dict[str, Any] | None = None) -> Anatomy:
+    """The anatomy of `pipe`, observed by running `pipe(**call)` once (keep the call tiny). `request_args` are the
+    options that make this call again (the plan's commands carry them), `vae_tiling` the tiling its rows use."""
+    from ditgate.inspect.plan import call as plan_call
     from ditgate.inspect.plan import support as cachedit_support
     from ditgate.inspect.plan import draft as draft_plan
 
@@ -335,7 +338,9 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
         transformer_calls={n: r.calls for n, r in probe.transformers.items()},
         has_separate_cfg=_separate_cfg(traits, calls_per_step), batch=batch, attention=attention,
         sequence=sequence, tp_layers=tp, cache_dit=support.to_dict(), traits=traits,
-        modular=modular_facts(pipe, call) if modular.is_modular_class(type(pipe)) else None)
+        modular=modular_facts(pipe, call) if modular.is_modular_class(type(pipe)) else None,
+        request_args=list(request_args or []),
+        sizes=plan_call.phase_sizes(pipe, call, vae_tiling or {}, sequence.image_tokens).to_dict())
     anatomy.warnings = _warnings(anatomy)
     if dropped:
         anatomy.warnings.append(f"the pipeline's __call__ does not take {dropped}; they were left out of the run")
@@ -343,17 +348,33 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
     return anatomy
 
 
-def inspect_model(model) -> Anatomy:
+def inspect_model(model, log=None) -> Anatomy:
     """Load `model` (a ditgate.core.model.Model; a folder or `zoo:NAME` is opened with its defaults) and return its
-    anatomy, observed on the model's call."""
+    anatomy, observed on the model's call. A call that falls back to the pipeline's default size or steps and is
+    estimated (from its FLOP count) to take long on a CPU is announced through `log` before it runs."""
     from ditgate.core.model import Model
+    from ditgate.inspect.plan import call as plan_call
 
     if not isinstance(model, Model):
         model = Model.open(model)
     pipe = model.load()
     call, dropped = build_call(pipe, model.request)
+    if log is not None:
+        warning = plan_call.default_cost(model, pipe, call, _announce_above())
+        if warning:
+            log(f"inspect: {warning}")
     return analyse(pipe, call, model=model.name, steps=call.get("num_inference_steps"), dropped=dropped,
-                   seed=model.request.seed)
+                   seed=model.request.seed, request_args=plan_call.request_args(model),
+                   vae_tiling=model.request.vae_tiling)
+
+
+def _announce_above() -> float:
+    """Seconds above which a default call's estimated cost is announced (gates.json, rules.call_cost)."""
+    import json
+
+    from ditgate.core.paths import checklists_dir
+
+    return float(json.loads((checklists_dir() / "gates.json").read_text())["rules"]["call_cost"]["announce_above_s"])
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -151,6 +151,8 @@ class Anatomy:
     plan: str = ""
     traits: Traits = field(default_factory=Traits)
     modular: dict[str, Any] | None = None  # a ModularPipeline: block tree, denoise loop, guider, output name
+    request_args: list[str] = field(default_factory=list)  # the options that make the inspected call again
+    sizes: dict[str, Any] = field(default_factory=dict)  # where CP and VAE-P act (ditgate.inspect.plan.call.Sizes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

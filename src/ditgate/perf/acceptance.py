@@ -74,7 +74,7 @@ def run_matrix(model: Model, chosen: list[Row], profile: Any, note: str | None, 
     Callers refuse bad options first (`check_options`), before the FLOP profile is counted. `integration`: the
     plugin file of a model cache-dit does not know (as for `ditgate run --integration`)."""
     cfg = RunConfig(model=model, rows=chosen, out=out, integration=integration, timeout=timeout, resume=resume, twin=twin,
-                    warmup=warmup, repeats=repeats)
+                    warmup=warmup, repeats=repeats, warm_once=False)
     with cpu_threads(threads) if not model.device.startswith("cuda") else contextlib.nullcontext():
         report = run(cfg, profile=profile)
         data = perf.matrix(report, tier, warmup, repeats, prediction_note=note)

@@ -67,7 +67,9 @@ class Lines:
     def row(self, row, result: dict[str, Any], recorded: int) -> None:
         """A row finished (or was reused, or refused)."""
         self.done += 1
-        if result.get("resumed"):
+        if result.get("reused_from"):
+            what = f"reused from {result['reused_from']}"
+        elif result.get("resumed"):
             what = "reused (its result from an earlier run of this folder)"
         elif result.get("status") == "ok":
             what = f"{result['latency_s']:.2f} s" if result.get("latency_s") is not None else "ok"

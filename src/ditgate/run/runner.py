@@ -36,6 +36,12 @@ from ditgate.run.define.rows import Row
 LAUNCHES = ("once", "per-row")
 
 
+def warm_calls(warmup: int, row: Row, warmed: bool) -> int:
+    """The warm-up calls `row` makes: none once its process is warm (`warmed`), except a compiled row, whose first
+    call compiles it (the same rule in a worker group's ranks: ditgate.run.exec.worker)."""
+    return 0 if warmed and not row.compile else warmup
+
+
 @dataclass
 class RunConfig:
     model: Model  # the model, its call, dtype and device (ditgate.core.model)
@@ -51,6 +57,8 @@ class RunConfig:
     launch: str = "once"  # "once": load once per process, one group per world size; "per-row": see the docstring
     twin: str = "auto"  # twin rows (ditgate.run.twinned): auto (when not float32), off, or only
     twin_record: dict[str, Any] | None = None  # set on a run of the twin itself: what the twin is (the report's)
+    reuse: bool = False  # reference rows from the result store when their key matches (ditgate.run.reuse)
+    warm_once: bool = True  # `warmup` calls once per process (the first row there), not per row; the matrix: False
 
 
 @dataclass
@@ -118,6 +126,7 @@ class Runner:
         self._pristine = None  # the pipeline loaded once in this process (launch="once")
         self._load_due = 0.0  # its load time, paid by the next row that runs on it
         self._groups = itertools.count(1)  # the groups' folders: groups/world{size}-{n}
+        self._warmed = False  # a row in this process made its warm-up calls (warm_once)
         self.twin_record = cfg.twin_record  # the twin rows' record (ditgate.run.twinned.run_twin)
 
     # -- running -------------------------------------------------------------------------------------------------
@@ -253,14 +262,31 @@ class Runner:
         else:
             self._run_in_process(CALIBRATION)
 
+    def _reuse_key(self, row: Row, integration) -> str | None:
+        """The store key of `row` when this run reuses and the row may be stored (ditgate.run.reuse.keys)."""
+        from ditgate.core import plugin
+        from ditgate.run import reuse
+
+        if not self.cfg.reuse or not reuse.reusable(row):
+            return None
+        split = integration.cp_split_dims if integration is not None else plugin.declared_split_dims()
+        return reuse.row_key(self.model, row, reuse.keys.versions_of(self.run_dir), self.cfg.gates, split)
+
     def _run_in_process(self, row: Row, warmup: int | None = None, repeats: int | None = None) -> None:
         from ditgate.core import plugin
         from ditgate.run.exec.execute import run_row, save_outcome
+        from ditgate.run.reuse import Store
 
         try:
+            integration = plugin.load(self.cfg.integration)
+            key = self._reuse_key(row, integration)
+            if key is not None and (reused := Store().get(key, self.run_dir, row.name)):
+                self._record(self.states[row.name], reused)
+                return
             pristine = self._pristine_pipeline()
-            outcome = run_row(row, self.model, integration=plugin.load(self.cfg.integration),
-                              warmup=self.cfg.warmup if warmup is None else warmup,
+            calls = warm_calls(self.cfg.warmup if warmup is None else warmup, row, self.cfg.warm_once and self._warmed)
+            self._warmed = self._warmed or calls > 0
+            outcome = run_row(row, self.model, integration=integration, warmup=calls,
                               repeats=self.cfg.repeats if repeats is None else repeats, pristine=pristine)
         except Exception as exc:  # noqa: BLE001 - recorded in the report
             self._error(row, f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), rank=0)
@@ -268,6 +294,8 @@ class Runner:
         outcome.overhead.update(launch_s=0.0, load_s=outcome.overhead["load_s"] + self._load_due)
         self._load_due = 0.0
         self._record(self.states[row.name], save_outcome(self.run_dir, row, outcome))
+        if key is not None:
+            Store().put(key, self.run_dir, row.name)
 
     def _run_group(self, rows: list[Row], size: int) -> None:
         from ditgate.run.exec.launch import run_group
@@ -278,7 +306,7 @@ class Runner:
                    "integration": str(self.cfg.integration) if self.cfg.integration else None,
                    "warmup": self.cfg.warmup, "repeats": self.cfg.repeats, "run_dir": str(self.run_dir),
                    "group_dir": str(self.run_dir / "groups" / f"world{size}-{next(self._groups)}"),
-                   "launch": self.cfg.launch}
+                   "launch": self.cfg.launch, "warm_once": self.cfg.warm_once}
             # on CPU the ranks are forked from this process and run on its pipeline (ditgate.run.exec.launch)
             pristine = None
             if self.model.device == "cpu" and hasattr(os, "fork"):

@@ -89,7 +89,9 @@ def _tokenizers(source: Source, staging: Path, log):
             if component.kind == "tokenizer" and component.folder is not None:
                 weights.copy_folder(component.folder, staging / name)
             continue
-        tok = text.stand_in(component)
+        positions = [_config(source.components[m]).get("max_position_embeddings") for m in text.paired(source, name)
+                     if source.components[m].library is TRANSFORMERS and source.components[m].folder is not None]
+        tok = text.stand_in(component, positions=min((n for n in positions if is_int(n) and n > 0), default=None))
         text.save_stand_in(tok, staging / name)
         note = f"no tokenizer files: an offline {type(tok).__name__} stand-in of {len(tok)} tokens"
         try:

@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
         _check_writable(Path(args.plan))
     # Libraries print progress and log lines while loading and running; keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
-        anatomy = inspect_model(model_from(args))
+        anatomy = inspect_model(model_from(args), log=lambda line: print(line, file=sys.__stderr__, flush=True))
     if args.plan:
         write_text_atomic(args.plan, anatomy.plan)
     if args.json:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ditgate.inspect.plan import call as plan_call
 from ditgate.inspect.plan import traits as plan_traits
 from ditgate.inspect.model import call_size, latent_words
 from ditgate.inspect.traits import split_points
@@ -30,14 +31,21 @@ PLUGIN = "integration.py"
 
 
 def run_command(anatomy: "Anatomy", phase: str, plugin: bool) -> str:
-    parts = ["ditgate", "run", anatomy.model, "--rows", ",".join(PHASE_ROWS[phase])]
-    if not anatomy.model.startswith("zoo:"):
+    """The `ditgate run` command that checks `phase`: the inspected call (every request option), at the smallest
+    size where the phase acts when the call's size is too small for it (CP: tokens split over 2/4/8 ranks; VAE-P:
+    two VAE tiles; testing: both)."""
+    args = list(anatomy.request_args)
+    if not args:  # an anatomy built without its Model (analyse on a pipeline in memory): the call's size
         for key, flag in (("height", "--height"), ("width", "--width"), ("num_frames", "--frames")):
             if anatomy.call.get(key) is not None:
-                parts += [flag, str(anatomy.call[key])]
+                args += [flag, str(anatomy.call[key])]
+    size = anatomy.sizes.get({"cp": "cp", "vaep": "vaep", "testing": "both"}.get(phase, ""))
+    if size and tuple(size) != (anatomy.sizes.get("height"), anatomy.sizes.get("width")):
+        args = plan_call.with_size(args, *size)
+    parts = ["ditgate", "run", anatomy.model, "--rows", ",".join(PHASE_ROWS[phase]), *args]
     if plugin:
         parts += ["--integration", PLUGIN]
-    return "`" + " ".join(parts) + "`"
+    return "`" + plan_call.quote(parts) + "`"
 
 
 def _box(text: str) -> str:
@@ -64,6 +72,11 @@ def _glance(a: "Anatomy") -> list[str]:
     size = call_size(a.call)
     where = f" at {size}" if size else " of the pipeline's default call"
     lines.append(f"- Sequence{where}: {_n(s.image_tokens)} {latent_words(a)}{text}")
+    if a.request_args:
+        lines.append(f"- The call (every Check command below carries it): `{plan_call.quote(a.request_args)}`")
+    if a.sizes:
+        lines += plan_call.size_lines(plan_call.Sizes(**{k: tuple(v) if isinstance(v, list) and k != "notes"
+                                                         else v for k, v in a.sizes.items()}))
     return lines
 
 

@@ -60,6 +60,7 @@ class Outcome:
     sample_rate: int | None = None  # audio: samples per second of `output` (the VAE's sampling rate)
     overhead: dict[str, float] = field(default_factory=dict)  # seconds outside the pipeline calls (see run_row)
     first_step: np.ndarray | None = None  # the transformer's output at its first call (ditgate.gates.first_step)
+    warmup: int = 0  # untimed calls made before the timed ones
 
 
 def compile_transformers(pipe, options: dict[str, Any]) -> None:
@@ -243,7 +244,7 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
                        latents=None if latents is None else latents.numpy(),
                        noise=None if start_noise is None else start_noise.numpy(),
                        times=times, peak_memory=_peak_memory(device, pristine.resident_bytes if pristine else 0),
-                       facts=facts, overhead=overhead,
+                       facts=facts, overhead=overhead, warmup=warmup,
                        first_step=None if probes.first_output is None else probes.first_output.numpy())
     finally:
         probes.detach()
@@ -291,7 +292,7 @@ def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
         "modality": outcome.modality, "sample_rate": outcome.sample_rate, "times": outcome.times,
         "latency_s": float(np.median(outcome.times)) if outcome.times else None,
         "peak_memory": outcome.peak_memory, "facts": outcome.facts,
-        "generate_s": outcome.overhead.get("generate_s"),
+        "generate_s": outcome.overhead.get("generate_s"), "warmup_calls": outcome.warmup,
         "overhead": {k: round(v, 4) for k, v in outcome.overhead.items() if k != "generate_s"},
     }
     files = store.viewable(outcome.output, outcome.modality)

@@ -178,9 +178,15 @@ def viewable(output: np.ndarray, modality: str) -> dict[str, bytes]:
     for other modalities (audio's WAV needs its sample rate: ditgate.run.exec.audio) or an output with NaN/Inf."""
     if output is None or not np.isfinite(output).all():
         return {}
-    if modality == "image":
-        return {"output.png": png_bytes(output)}
-    if modality == "video":
-        name, data = video_bytes(output)
-        return {name: data}
+    array = np.asarray(output)
+    while array.ndim > {"image": 3, "video": 4}.get(modality, array.ndim) and array.shape[0] == 1:
+        array = array[0]  # a batch of one
+    try:
+        if modality == "image" and array.ndim in (2, 3):
+            return {"output.png": png_bytes(array)}
+        if modality == "video" and array.ndim == 4:
+            name, data = video_bytes(array)
+            return {name: data}
+    except (ValueError, TypeError, OSError):  # a layout PIL or the encoder cannot take: the .npy is the output
+        return {}
     return {}

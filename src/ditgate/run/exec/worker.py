@@ -103,10 +103,13 @@ def serve(job: dict, rank: int, local_rank: int, pristine=None) -> int:
             stage("load")
             pristine = execute.load_pristine(model, local_rank=local_rank)
             once["load_s"] = pristine.load_s
+        warmed = False  # warm-up once per rank process (job "warm_once"), not per row; a compiled row compiles
         for data in job["rows"]:
             row = rows.from_mapping({k: v for k, v in data.items() if k != "world_size"})
             current["row"] = row.name
-            outcome = execute.run_row(row, model, integration=integration, warmup=job["warmup"],
+            calls = 0 if warmed and job.get("warm_once", True) and not row.compile else job["warmup"]
+            warmed = warmed or calls > 0
+            outcome = execute.run_row(row, model, integration=integration, warmup=calls,
                                       repeats=job["repeats"], local_rank=local_rank, on_stage=stage,
                                       pristine=pristine)
             outcome.overhead["launch_s"] = once["launch_s"]

@@ -56,7 +56,9 @@ def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
         "speedup": (baseline_latency / latency) if latency and baseline_latency else None,
         "speedup_caveats": predict.caveats(state.row, result, (baseline_latency / latency) if latency and
                                            baseline_latency else None, getattr(cfg, "warmup", 0),
-                                           cfg.model.device if cfg is not None else "cpu"),
+                                           cfg.model.device if cfg is not None else "cpu")
+        + ([f"the baseline's latency was measured by the run it was reused from ({base.result['reused_from']})"]
+           if latency and baseline_latency and state is not base and (base.result or {}).get("reused_from") else []),
         "prediction": predict.predict(state.row, result, base.result if base else None, profile),
         "peak_memory_bytes": (result.get("peak_memory") or {}).get("bytes"),
         "peak_memory_kind": (result.get("peak_memory") or {}).get("kind"),
@@ -69,6 +71,8 @@ def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
         "error": result.get("error"),
         "media": [f"rows/{state.row.name}/{name}" for name in result.get("media") or []],
         "resumed": bool(result.get("resumed")),
+        "reused_from": result.get("reused_from"),
+        "warmup_calls": result.get("warmup_calls"),  # untimed calls before its timed ones (warm-up once per process)  # the run whose stored result this is (ditgate.run.reuse)
         "diff": state.diff,
         "generate_s": result.get("generate_s"),  # every pipeline call of the row, warm-up included
         "overhead": result.get("overhead"),  # launch_s, load_s, restore_s, setup_s (ditgate.run.exec.execute.run_row)
@@ -85,7 +89,8 @@ def time_summary(rows: list[dict[str, Any]], wall_s: float | None, launch: str |
     (sensitivity, cache-off twins), whose generations count as generations (`checks_s` of them); `other_s`: judging,
     the report, waiting for groups, the command's own start."""
     def timed(results):
-        return [r for r in results if r.get("generate_s") is not None and not r.get("resumed")]
+        return [r for r in results if r.get("generate_s") is not None and not r.get("resumed")
+                and not r.get("reused_from")]
 
     ran, checks_ran = timed(rows), timed(checks)
     ran += checks_ran
@@ -124,6 +129,7 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
         "prediction_note": profile_note,
         "time": time_summary(rows, wall_s, getattr(cfg, "launch", None), checks, (twin or {}).get("wall_s")),
         "rows": rows,
+        "reused": {r["name"]: r["reused_from"] for r in [*rows, *checks] if r.get("reused_from")},
         "produced_size": produced_size(run_dir, rows),
         "twin": _public(twin),
     }
@@ -244,6 +250,13 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("frames_plot"):
         lines += ["", "## Video frames (per-frame PSNR and SSIM; the calibration row, when it ran, is the floor)", "",
                   f"![per-frame PSNR and SSIM]({report['frames_plot']})"]
+    if report.get("reused"):
+        lines += ["", "## Reused rows (nothing they depend on changed; `--fresh` computes them again)", ""]
+        lines += [f"- {name}: reused from {source}" for name, source in report["reused"].items()]
+    warmed = [r["name"] for r in report["rows"] if r.get("warmup_calls")]
+    if warmed:
+        lines += ["", f"Warm-up: once per process, by {', '.join(warmed)} (its untimed calls); the other rows of "
+                      "that process ran on it warm."]
     lines += _time_lines(report)
     lines += spread.lines(report["rows"])
     media = [r for r in report["rows"] if r.get("media")]
@@ -287,7 +300,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def _time_lines(report: dict[str, Any]) -> list[str]:
     """Per row: its generations and its overhead (launch, load, restore, setup); then the run's total."""
-    rows = [r for r in report["rows"] if r.get("generate_s") is not None and not r["resumed"]]
+    rows = [r for r in report["rows"] if r.get("generate_s") is not None and not r["resumed"] and not r.get("reused_from")]
     t = report.get("time")
     if not rows or not t:
         return []

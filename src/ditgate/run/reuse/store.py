@@ -1,0 +1,151 @@
+"""The result store: finished reference rows kept by key under `$DITGATE_HOME/store` (or `$DITGATE_STORE`), for
+later runs to reuse.
+
+    STORE/entries/KEY/result.json     the row's result as its run recorded it
+    STORE/entries/KEY/*.npy, output.* its outputs (the files of RUN/rows/NAME)
+    STORE/entries/KEY/entry.json      written last: every file's SHA-256 and size, the run it came from
+
+An entry is built in a temporary folder and renamed into place, so a crash leaves no half-written entry. Reading
+one checks every file against entry.json; an entry that does not match (a file changed, cut short or missing) is
+removed and its row computed again. The store is bounded: after each write, the least recently used entries
+(entry.json's modification time, renewed on every reuse) go until the store fits `$DITGATE_STORE_MAX_BYTES`
+(default 4 GiB; 0 keeps nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ditgate.run.exec import files
+
+ENTRY = "entry.json"
+LIMIT_ENV = "DITGATE_STORE_MAX_BYTES"
+ROOT_ENV = "DITGATE_STORE"  # the store's folder, when not $DITGATE_HOME/store
+DEFAULT_LIMIT = 4 << 30
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _place(source: Path, target: Path) -> None:
+    """`source` at `target`: a hard link where the file system allows it (no copy of the bytes), else a copy."""
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+class Store:
+    def __init__(self, root: Path | None = None, limit: int | None = None):
+        from ditgate.run.reuse.keys import home
+
+        self.root = Path(root or os.environ.get(ROOT_ENV) or home() / "store")
+        self.limit = int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT)) if limit is None else limit
+
+    def _entry(self, key: str) -> Path:
+        return self.root / "entries" / key
+
+    def _verified(self, key: str) -> dict[str, Any] | None:
+        """entry.json of `key` when every file it lists is there with its size and hash; else None (and the
+        entry removed: it is never trusted again)."""
+        folder = self._entry(key)
+        if not (folder / ENTRY).is_file():
+            return None
+        try:
+            meta = json.loads((folder / ENTRY).read_text())
+            listed = meta["files"]
+            present = {p.name for p in folder.iterdir() if p.name != ENTRY}
+            ok = present == set(listed) and files.RESULT in listed and all(
+                (folder / name).stat().st_size == info["bytes"] and _sha256(folder / name) == info["sha256"]
+                for name, info in listed.items())
+        except (OSError, ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        return meta
+
+    def get(self, key: str, run_dir: Path, name: str) -> dict[str, Any] | None:
+        """Place the stored row `key` into `run_dir/rows/name` and return its result (with `reused_from`: the run
+        that computed it); None when the store holds no sound entry for the key."""
+        meta = self._verified(key)
+        if meta is None:
+            return None
+        folder = self._entry(key)
+        result = json.loads((folder / files.RESULT).read_text())
+        if result.get("name") != name or result.get("status") != "ok":
+            return None
+        target = files.row_dir(run_dir, name)
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        for file_name in meta["files"]:
+            if file_name != files.RESULT:
+                _place(folder / file_name, target / file_name)
+        result = result | {"reused_from": meta["run"]}
+        files.write_json(target / files.RESULT, result)  # last: its presence means the row is there
+        os.utime(folder / ENTRY)  # used now: the last to go
+        return result
+
+    def put(self, key: str, run_dir: Path, name: str) -> None:
+        """Keep the finished row `name` of `run_dir` under `key` (replacing an entry of the same key)."""
+        source = files.row_dir(run_dir, name)
+        result = files.load_result(run_dir, name)
+        if self.limit <= 0 or not result or result.get("status") != "ok" or result.get("reused_from"):
+            return
+        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=self.root / "tmp"))
+        try:
+            listed = {}
+            for path in sorted(p for p in source.iterdir() if p.is_file() and not p.name.startswith(".")):
+                shutil.copy2(path, staging / path.name)
+                listed[path.name] = {"bytes": (staging / path.name).stat().st_size,
+                                     "sha256": _sha256(staging / path.name)}
+            files.write_json(staging / ENTRY, {"key": key, "row": name, "run": str(Path(run_dir).resolve()),
+                                               "stored": time.time(), "files": listed})
+            final = self._entry(key)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if final.exists():
+                shutil.rmtree(final, ignore_errors=True)
+            os.rename(staging, final)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            return  # a store that cannot be written costs the next run time, never this run its result
+        self.prune()
+
+    def size(self) -> int:
+        """Bytes the store holds on disk (its entries)."""
+        entries = self.root / "entries"
+        return sum(p.stat().st_size for p in entries.rglob("*") if p.is_file()) if entries.is_dir() else 0
+
+    def prune(self) -> None:
+        """Remove the least recently used entries until the store fits its limit."""
+        entries = self.root / "entries"
+        if not entries.is_dir():
+            return
+        sized = []
+        for folder in entries.iterdir():
+            try:
+                used = (folder / ENTRY).stat().st_mtime
+            except OSError:
+                used = 0.0  # no entry.json: a leftover, first to go
+            sized.append((used, sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()), folder))
+        total = sum(size for _, size, _ in sized)
+        for _, size, folder in sorted(sized, key=lambda item: item[0]):
+            if total <= self.limit:
+                break
+            shutil.rmtree(folder, ignore_errors=True)
+            total -= size
