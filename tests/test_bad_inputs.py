@@ -9,6 +9,7 @@ loading any model, so the whole table takes seconds.
 import json
 import os
 import pickle
+import shutil
 import zipfile
 
 import numpy as np
@@ -79,6 +80,17 @@ def files(tmp_path, zoo_path):
     (skill / "SKILL.md").write_text("---\nname: broken-link-skill\ndescription: a skill with a dangling link\n---\n"
                                     "# Broken\n")
     (skill / "references" / "gone.md").symlink_to(t / "does-not-exist.md")
+    # model folders that lie: a call that is not a mapping, a pipeline class from the standard library (importing
+    # `this` prints the Zen of Python), a relative module name
+    for name, change in {"call-list": ("ditgate.json", {"call": [1]}),
+                         "class-stdlib": ("model_index.json", {"_class_name": ["this", "X"]}),
+                         "class-relative": ("model_index.json", {"_class_name": ["..evil", "X"]}),
+                         "component-stdlib": ("model_index.json", {"transformer": ["os", "path"]})}.items():
+        folder = t / name
+        shutil.copytree(zoo_path("flux"), folder, ignore=lambda d, names: [n for n in names if n.endswith(".safetensors")])
+        file, values = change
+        data = json.loads((folder / file).read_text()) if (folder / file).is_file() else {}
+        (folder / file).write_text(json.dumps(data | values))
     return t
 
 
@@ -186,6 +198,25 @@ CASES = {
     "skill-target-unwritable": (["skill", "install", "--target", UNWRITABLE], [UNWRITABLE]),
     "skill-broken-link": (["skill", "install", "--target", "{t}/project", "--source", "{t}/skill-src"],
                           ["gone.md"]),
+    # the probe's weak spots: each used to end in a traceback (exit 1), run rows first, or print what it imported
+    "run-call-not-a-mapping": (["run", "{t}/call-list", "--rows", "cache", "--out", "{t}/out"], ["\"call\""]),
+    "inspect-class-from-stdlib": (["inspect", "{t}/class-stdlib", "--json"], ["standard library"]),
+    "inspect-class-relative": (["inspect", "{t}/class-relative", "--json"], ["absolute module name"]),
+    "twin-component-from-stdlib": (["twin", "{t}/component-stdlib", "{t}/out"], ["standard library"]),
+    "run-pipeline-from-stdlib": (["run", "zoo:flux", "--pipeline", "os:path", "--rows", "cache", "--out", "{t}/out"],
+                                 ["standard library"]),
+    "run-pipeline-not-a-class": (["run", "zoo:flux", "--pipeline", "ditgate.cli:main", "--rows", "cache",
+                                  "--out", "{t}/out"], ["no class"]),
+    "run-cache-config-not-a-number": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                       "--cache-config", "max_warmup_steps=abc"], ["max_warmup_steps", "integer"]),
+    "run-cache-config-below-cache-dit": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                          "--cache-config", "Fn_compute_blocks=-1"], ["Fn_compute_blocks", "at least 1"]),
+    "run-cache-config-flag-not-bool": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                        "--cache-config", "cfg_compute_first=1"], ["true or false"]),
+    "run-size-below-ssim-window": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--height", "7",
+                                    "--width", "7"], ["SSIM window"]),
+    "diff-empty-row": (["diff", "zoo:flux", "--row", "", "--out", "{t}/out"], ["name one row"]),
+    "diff-two-rows": (["diff", "zoo:flux", "--row", "cache,tp-2", "--out", "{t}/out"], ["name one row"]),
     # typos: the nearest command or option is named
     "cli-command-typo": (["rn", "zoo:flux"], ["did you mean run?"]),
     "cli-action-typo": (["zoo", "buil", "flux"], ["did you mean build?"]),

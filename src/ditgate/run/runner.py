@@ -403,6 +403,17 @@ class Runner:
 
 
 
+def _check_judgeable_size(call: dict[str, Any]) -> None:
+    """Refuse, before any row runs, a picture smaller than the SSIM window: no row of it could be judged."""
+    from ditgate.metrics.kernel import WINDOW
+
+    small = {k: call[k] for k in ("height", "width") if isinstance(call.get(k), int) and call[k] < WINDOW}
+    if small:
+        sizes = ", ".join(f"{k} {v}" for k, v in small.items())
+        raise DitgateError(f"{sizes}: smaller than the {WINDOW}x{WINDOW} SSIM window, so no row could be judged; "
+                           f"use at least {WINDOW} (the pipeline may round the size down further)")
+
+
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None) -> dict[str, Any]:
     """Run every row of `cfg` and write the report; returns the report (see ditgate.run.report.run_report).
 
@@ -410,6 +421,7 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=N
     from ditgate.run import twinned
 
     twinned.check_mode(cfg.twin)
+    _check_judgeable_size(cfg.model.request.call)
     if cfg.twin == "only":
         return twinned.only(cfg, run, progress or logs.progress)
     runner = Runner(cfg, progress, profile)
