@@ -33,12 +33,26 @@ def volatile_moe(zoo_path, tmp_path_factory):
     return out
 
 
-def test_a_proven_adapter_on_volatile_weights_is_inconclusive(volatile_moe, run_cli, tmp_path):
+@pytest.fixture(scope="module")
+def volatile_run(volatile_moe, tmp_path_factory):
+    """`ditgate run` of the cache row with TinyMoE's correct plugin: (exit status, report, run folder, stderr)."""
+    import contextlib
+    import io
+
+    from ditgate.cli import main
+
+    folder = tmp_path_factory.mktemp("volatile-run") / "run"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["run", str(volatile_moe), "--rows", "cache", "--out", str(folder), "--json",
+                     "--integration", str(ROOT / "examples" / "tinymoe" / "integration.py")])
+    return code, json.loads(out.getvalue()), folder, err.getvalue()
+
+
+def test_a_proven_adapter_on_volatile_weights_is_inconclusive(volatile_run):
     from ditgate.gates.verdicts import load_gates
 
-    code, out, err = run_cli("run", volatile_moe, "--rows", "cache", "--out", tmp_path / "run", "--json",
-                             "--integration", ROOT / "examples" / "tinymoe" / "integration.py")
-    report = json.loads(out)
+    code, report, folder, err = volatile_run
     cache = {r["name"]: r for r in report["rows"]}["cache"]
     assert code == 3 and report["outcome"] == "inconclusive" and not report["passed"], (code, err[-2000:])
     assert cache["status"] == "inconclusive", cache["reasons"]
@@ -48,10 +62,10 @@ def test_a_proven_adapter_on_volatile_weights_is_inconclusive(volatile_moe, run_
     limit = load_gates()["rules"]["residual_change"]["value"]
     assert change.startswith("inconclusive") and "trained weights" in change and "%" in change, change
     assert not any("try a stricter threshold" in r for r in cache["reasons"])
-    facts = json.loads((tmp_path / "run" / "rows" / "cache-cache-off" / "result.json").read_text())["facts"]
+    facts = json.loads((folder / "rows" / "cache-cache-off" / "result.json").read_text())["facts"]
     measured = facts["residual_change"]["per_list"]["transformer.blocks"]["max"]
     assert measured > limit and f"{measured:.0%}" in change
-    markdown = (tmp_path / "run" / "report.md").read_text()
+    markdown = (folder / "report.md").read_text()
     assert "verdict: **INCONCLUSIVE**" in markdown and "could not be judged" in markdown
 
 
@@ -64,3 +78,26 @@ def test_an_adapter_that_changes_the_model_fails_first_on_the_caching_off_check(
     assert not cache["verdict"]["cache_off"]["passed"]
     assert "caching off" in cache["reasons"][0] and "patch functor" in cache["reasons"][0], cache["reasons"]
     assert not any("try a stricter threshold" in r for r in cache["reasons"])
+
+
+def test_checklists_notebooks_and_the_matrix_know_the_status(volatile_run, tmp_path):
+    """The same report read by each consumer: a checklist item, a notebook phase, the matrix and JUnit say
+    inconclusive (exit 3 where they exit), never passed, never failed."""
+    from ditgate.checklists.runner import _row_outcome
+    from ditgate.commands.model.run import exit_status
+    from ditgate.notebooks import cells
+    from ditgate.notebooks.catalog import GateInconclusive
+    from ditgate.perf.matrix import markdown, matrix
+    from ditgate.run.report import junit
+
+    code, report, folder, _ = volatile_run
+    cache = {r["name"]: r for r in report["rows"]}["cache"]
+    outcome = _row_outcome(cache, "cache")
+    assert outcome.status == "inconclusive" and "trained weights" in outcome.evidence
+    with pytest.raises(GateInconclusive, match="could not be judged"):
+        cells.finish("cache", report, tmp_path)
+    assert json.loads((tmp_path / "cache.json").read_text())["inconclusive"] is True
+    data = matrix(report, "A", 0, 1)
+    assert data["outcome"] == "inconclusive" and exit_status(data) == 3 and not data["passed"]
+    assert "INCONCLUSIVE" in markdown(data) and "could not be judged" in markdown(data)
+    assert [c.status for c in junit.row_cases(report["rows"], "t") if c.name == "cache"] == ["skipped"]

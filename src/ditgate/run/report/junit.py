@@ -59,7 +59,7 @@ def row_cases(rows: Iterable[dict[str, Any]], classname: str) -> list[Case]:
     return cases
 
 
-CHECK_STATUS = {"pass": "passed", "fail": "failed", "error": "error", "manual": "skipped"}
+CHECK_STATUS = {"pass": "passed", "fail": "failed", "error": "error", "manual": "skipped", "inconclusive": "skipped"}
 
 
 def checklist_cases(filled: Iterable[dict[str, Any]]) -> list[Case]:
