@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import itertools
 import os
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -26,9 +25,10 @@ from ditgate.run.exec import files as store
 from ditgate.run.judge.gating import audio_floor, judge_row
 from ditgate.run.judge.variants import fold as fold_variants
 from ditgate.core.errors import DitgateError
+from ditgate.metrics.kernel import check_size
 from ditgate.core.model import Model
 from ditgate.run.exec.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
-                                copy_finished_rows, default_out, prepare)
+                                copy_finished_rows, default_out, prepare, versions)
 from ditgate.run.exec.folder import done as _done
 from ditgate.run.define.rows import Row
 
@@ -86,21 +86,6 @@ class RowState:
                 and (self.twin is None or self.twin["status"] != "failed"))
 
 
-def _versions() -> dict[str, str]:
-    import cache_dit
-    import diffusers
-    import torch
-    import transformers
-
-    from ditgate.core.logs import library_logs_to_stderr
-
-    library_logs_to_stderr()  # cache-dit logs to stdout; stdout is the report's (--json)
-
-    return {"torch": torch.__version__, "diffusers": diffusers.__version__,
-            "transformers": transformers.__version__, "cache_dit": cache_dit.__version__,
-            "cache_dit_from": str(Path(cache_dit.__file__).parent), "python": sys.version.split()[0]}
-
-
 def preflight(cfg: RunConfig, row: Row) -> str | None:
     """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.run.define.preflight)."""
     from ditgate.run.define import preflight as checks
@@ -115,7 +100,7 @@ class Runner:
         self.profile = profile  # ditgate.inspect.flops.profile.Profile at the request's size; counted when the report needs it
         check_options(cfg)
         self.model_path = cfg.model.path
-        self.run_dir, self._lock = prepare(cfg, _versions)
+        self.run_dir, self._lock = prepare(cfg, versions)
         self.states = {row.name: RowState(row) for row in cfg.rows}
         self.progress = progress or logs.progress
         if cfg.launch not in LAUNCHES:
@@ -403,17 +388,6 @@ class Runner:
 
 
 
-def _check_judgeable_size(call: dict[str, Any]) -> None:
-    """Refuse, before any row runs, a picture smaller than the SSIM window: no row of it could be judged."""
-    from ditgate.metrics.kernel import WINDOW
-
-    small = {k: call[k] for k in ("height", "width") if isinstance(call.get(k), int) and call[k] < WINDOW}
-    if small:
-        sizes = ", ".join(f"{k} {v}" for k, v in small.items())
-        raise DitgateError(f"{sizes}: smaller than the {WINDOW}x{WINDOW} SSIM window, so no row could be judged; "
-                           f"use at least {WINDOW} (the pipeline may round the size down further)")
-
-
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None) -> dict[str, Any]:
     """Run every row of `cfg` and write the report; returns the report (see ditgate.run.report.run_report).
 
@@ -421,7 +395,9 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=N
     from ditgate.run import twinned
 
     twinned.check_mode(cfg.twin)
-    _check_judgeable_size(cfg.model.request.call)
+    call = cfg.model.request.call  # a picture the SSIM window cannot fit: refused before any row runs
+    if isinstance(call.get("height"), int) and isinstance(call.get("width"), int):
+        check_size(call["height"], call["width"])
     if cfg.twin == "only":
         return twinned.only(cfg, run, progress or logs.progress)
     runner = Runner(cfg, progress, profile)
