@@ -23,9 +23,9 @@ from ditgate.core import logs
 from ditgate.run.progress import Lines, planned
 from ditgate.run.exec import files as store
 from ditgate.run.judge.gating import audio_floor, judge_row
-from ditgate.run.judge.variants import fold as fold_variants
+from ditgate.run import twinned
+from ditgate.run.judge import variants, volatility
 from ditgate.core.errors import DitgateError
-from ditgate.metrics.kernel import check_size
 from ditgate.core.model import Model
 from ditgate.run.exec.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
                                 copy_finished_rows, default_out, prepare, versions)
@@ -128,8 +128,6 @@ class Runner:
         self._record(self.states[row.name], save_error(self.run_dir, row, {"message": message, **extra}))
 
     def run(self) -> dict[str, Any]:
-        from ditgate.run import twinned
-
         if twinned.wanted(self.cfg.twin, self.model.dtype):  # structure first: the float32 twin, then the model
             self.twin_record = twinned.run_twin(self.cfg, self.run_dir, run, self.progress)
         pending = []
@@ -343,7 +341,6 @@ class Runner:
     # -- judging and reporting -------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
         from ditgate.core.errors import NonFiniteError
-        from ditgate.run import twinned
         from ditgate.run.report import run_report as report
 
         for state in self.states.values():
@@ -354,8 +351,9 @@ class Runner:
                 state.reasons.append(f"cannot be judged: {exc}; its reference {state.row.baseline!r} produced "
                                      f"non-finite values without the feature (the model or its call is broken: "
                                      f"check the weights, the dtype and the call)")
-        fold_variants(self.states)  # a lossy row over several prompts and seeds: each gate on its worst case
+        variants.fold(self.states)  # a lossy row over several prompts and seeds: each gate on its worst case
         twinned.merge(self.states, self.twin_record)
+        volatility.settle(self.states, self.gate_table())  # after every verdict: it reads them all
         audio_floor(self)  # the calibration row's measurement shows in the report even without an audio row gated
         if self.cfg.diff:
             from ditgate.run.diff.compare import diagnose
@@ -387,17 +385,14 @@ class Runner:
         return getattr(self, "_gate_table", None)
 
 
-
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None) -> dict[str, Any]:
     """Run every row of `cfg` and write the report; returns the report (see ditgate.run.report.run_report).
 
     `profile`: the FLOP profile at the request's size when the caller has one (else counted when needed)."""
-    from ditgate.run import twinned
+    from ditgate.run.judge.gating import check_judgeable_size
 
     twinned.check_mode(cfg.twin)
-    call = cfg.model.request.call  # a picture the SSIM window cannot fit: refused before any row runs
-    if isinstance(call.get("height"), int) and isinstance(call.get("width"), int):
-        check_size(call["height"], call["width"])
+    check_judgeable_size(cfg.model.request.call)
     if cfg.twin == "only":
         return twinned.only(cfg, run, progress or logs.progress)
     runner = Runner(cfg, progress, profile)

@@ -36,7 +36,7 @@ def _row_status(row: dict[str, Any]) -> str:
     status = row.get("status")
     if status in ("passed", "reference"):
         return "passed"
-    if status == "refused" or (status == "error" and (row.get("error") or {}).get("preflight")):
+    if status in ("refused", "inconclusive") or (status == "error" and (row.get("error") or {}).get("preflight")):
         return "skipped"
     return "error" if status == "error" else "failed"
 
