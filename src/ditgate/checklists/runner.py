@@ -243,7 +243,7 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     Order: inspect; named checks that only read the pipeline (on the inspected copy); the runner; named checks
     judged on its rows; named checks that change a pipeline (each on a fresh load).
     """
-    from ditgate.run.runner import _versions
+    from ditgate.run.exec.folder import versions as _versions
 
     run_dir = _fresh_folder(opts)
     if opts.from_run is not None:  # refuse a run of another model or request now, not after the inspection

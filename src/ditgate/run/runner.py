@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import itertools
 import os
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from ditgate.run.judge import variants, volatility
 from ditgate.core.errors import DitgateError
 from ditgate.core.model import Model
 from ditgate.run.exec.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
-                                copy_finished_rows, default_out, prepare)
+                                copy_finished_rows, default_out, prepare, versions)
 from ditgate.run.exec.folder import done as _done
 from ditgate.run.define.rows import Row
 
@@ -87,21 +86,6 @@ class RowState:
                 and (self.twin is None or self.twin["status"] != "failed"))
 
 
-def _versions() -> dict[str, str]:
-    import cache_dit
-    import diffusers
-    import torch
-    import transformers
-
-    from ditgate.core.logs import library_logs_to_stderr
-
-    library_logs_to_stderr()  # cache-dit logs to stdout; stdout is the report's (--json)
-
-    return {"torch": torch.__version__, "diffusers": diffusers.__version__,
-            "transformers": transformers.__version__, "cache_dit": cache_dit.__version__,
-            "cache_dit_from": str(Path(cache_dit.__file__).parent), "python": sys.version.split()[0]}
-
-
 def preflight(cfg: RunConfig, row: Row) -> str | None:
     """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.run.define.preflight)."""
     from ditgate.run.define import preflight as checks
@@ -116,7 +100,7 @@ class Runner:
         self.profile = profile  # ditgate.inspect.flops.profile.Profile at the request's size; counted when the report needs it
         check_options(cfg)
         self.model_path = cfg.model.path
-        self.run_dir, self._lock = prepare(cfg, _versions)
+        self.run_dir, self._lock = prepare(cfg, versions)
         self.states = {row.name: RowState(row) for row in cfg.rows}
         self.progress = progress or logs.progress
         if cfg.launch not in LAUNCHES:
