@@ -65,7 +65,11 @@ def test_a_proven_adapter_on_volatile_weights_is_inconclusive(volatile_run):
     facts = json.loads((folder / "rows" / "cache-cache-off" / "result.json").read_text())["facts"]
     measured = facts["residual_change"]["per_list"]["transformer.blocks"]["max"]
     assert measured > limit and f"{measured:.0%}" in change
+    # acted is not a verdict: the cache acted (steps were cached) while the row is not passed
+    assert cache["acted"]["cache"]["acted"] is True and "cached steps" in cache["acted"]["cache"]["detail"]
     markdown = (folder / "report.md").read_text()
+    assert "- cache / cache: acted — " in markdown and "(verdict: inconclusive)" in markdown
+    assert "not a verdict" in markdown
     assert "verdict: **INCONCLUSIVE**" in markdown and "could not be judged" in markdown
 
 

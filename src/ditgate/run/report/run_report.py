@@ -36,6 +36,14 @@ def _status(state) -> str:
     return "passed" if state.passed else "failed"
 
 
+def acted(state) -> dict[str, Any] | None:
+    """What the probes saw the row's features do, kept apart from its verdict: {feature: {"acted", "detail"}};
+    a feature that acted is evidence that it ran, not that it is right (the verdict and `status` say that)."""
+    if not state.proofs:
+        return None
+    return {p["feature"]: {"acted": bool(p["passed"]), "detail": p["detail"]} for p in state.proofs}
+
+
 def outcome(rows: list[dict[str, Any]]) -> str:
     """The run's outcome: "passed" (every row passed), "failed" (a row failed or did not run), else "inconclusive"
     (a row could not be judged; exit status ditgate.core.errors.EXIT_INCONCLUSIVE)."""
@@ -77,6 +85,7 @@ def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
         "metrics": metrics,
         "verdict": state.verdict,
         "proofs": state.proofs,
+        "acted": acted(state),
         "reasons": state.reasons,
         "twin": getattr(state, "twin", None),
         "facts": result.get("facts"),
@@ -287,8 +296,11 @@ def markdown(report: dict[str, Any]) -> str:
             lines += [f"- **{r['name']}**: " + "; ".join(r["reasons"])]
     proofs = [(r["name"], p) for r in report["rows"] for p in r["proofs"]]
     if proofs:
-        lines += ["", "## What each feature did", ""]
-        lines += [f"- {name} / {p['feature']}: {'ok' if p['passed'] else 'FAILED'} — {p['detail']}" for name, p in proofs]
+        status = {r["name"]: r["status"] for r in report["rows"]}
+        lines += ["", "## What each feature did (what the probes saw, not a verdict: a feature that acted can still be "
+                      "wrong; the verdict column says whether the row is right)", ""]
+        lines += [f"- {name} / {p['feature']}: {'acted' if p['passed'] else 'DID NOT ACT'} — {p['detail']} "
+                  f"(verdict: {status[name]})" for name, p in proofs]
     careful = [r for r in report["rows"] if r.get("speedup_caveats")]
     if careful:
         lines += ["", "## Speedups to read with care", ""]
