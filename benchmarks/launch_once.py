@@ -27,7 +27,7 @@ import numpy as np
 
 DESIGNS = ("per-row", "once")
 TIMING_KEYS = {"latency_s", "times", "speedup", "prediction", "peak_memory_bytes", "generate_s", "overhead",
-               "resumed"}
+               "resumed", "reused_from", "speedup_caveats"}
 OVERHEAD = ("launch_s", "load_s", "restore_s", "setup_s")
 
 

@@ -9,6 +9,7 @@ loading any model, so the whole table takes seconds.
 import json
 import os
 import pickle
+import shutil
 import zipfile
 
 import numpy as np
@@ -63,6 +64,13 @@ def files(tmp_path, zoo_path):
         "phase-list": "- {name: x, phase: [cp]}",
     }.items():
         (rows / f"{name}.yaml").write_text(text + "\n")
+    # transformer configs that lie: rotary axes that do not sum to the head size, a billion layers, negative heads
+    lie = t / "lie"
+    lie.mkdir()
+    flux = json.loads((zoo_path("zoo:flux") / "transformer" / "config.json").read_text())
+    for name, change in {"rope": {"axes_dims_rope": [2, 2, 2]}, "huge": {"num_layers": 10**9},
+                         "negative": {"num_attention_heads": -4}}.items():
+        (lie / f"{name}.json").write_text(json.dumps({**flux, **change}))
     # a run folder with a corrupt run.json, and one whose finished row has a corrupt result.json
     (t / "corrupt-run").mkdir()
     (t / "corrupt-run" / "run.json").write_text("{not json")
@@ -72,6 +80,17 @@ def files(tmp_path, zoo_path):
     (skill / "SKILL.md").write_text("---\nname: broken-link-skill\ndescription: a skill with a dangling link\n---\n"
                                     "# Broken\n")
     (skill / "references" / "gone.md").symlink_to(t / "does-not-exist.md")
+    # model folders that lie: a call that is not a mapping, a pipeline class from the standard library (importing
+    # `this` prints the Zen of Python), a relative module name
+    for name, change in {"call-list": ("ditgate.json", {"call": [1]}),
+                         "class-stdlib": ("model_index.json", {"_class_name": ["this", "X"]}),
+                         "class-relative": ("model_index.json", {"_class_name": ["..evil", "X"]}),
+                         "component-stdlib": ("model_index.json", {"transformer": ["os", "path"]})}.items():
+        folder = t / name
+        shutil.copytree(zoo_path("flux"), folder, ignore=lambda d, names: [n for n in names if n.endswith(".safetensors")])
+        file, values = change
+        data = json.loads((folder / file).read_text()) if (folder / file).is_file() else {}
+        (folder / file).write_text(json.dumps(data | values))
     return t
 
 
@@ -161,6 +180,16 @@ CASES = {
     "flops-negative-height": (["flops", "zoo:flux", "--height", "-16"], ["height"]),
     "flops-overflowing-height": (["flops", "zoo:flux", "--height", "1" + "0" * 30], ["height"]),
     "flops-index-is-a-list": (["flops", "{t}/list-index", "--height", "64", "--width", "64"], ["list-index"]),
+    "flops-frames-on-an-image-model": (["flops", "zoo:flux", "--height", "64", "--width", "64", "--frames", "5"],
+                                       ["--frames", "images"]),
+    "flops-beyond-the-rotary-table": (["flops", "zoo:wan", "--height", "480", "--width", "832", "--frames", "81",
+                                       "--json"], ["rope_max_seq_len 32"]),
+    "flops-config-rope-lies": (["flops", "{t}/lie/rope.json", "--height", "64", "--width", "64"],
+                               ["cannot run at 64x64"]),
+    "flops-config-billion-layers": (["flops", "{t}/lie/huge.json", "--height", "64", "--width", "64"],
+                                    ["num_layers is 1,000,000,000"]),
+    "flops-config-negative-heads": (["flops", "{t}/lie/negative.json", "--height", "64", "--width", "64"],
+                                    ["does not build"]),
     "zoo-build-onto-a-file": (["zoo", "build", "flux", "{t}/a-file"], ["a-file"]),
     "zoo-build-overwrite-a-file": (["zoo", "build", "flux", "{t}/a-file", "--overwrite"], ["a-file"]),
     "zoo-build-unwritable": (["zoo", "build", "flux", UNWRITABLE], [UNWRITABLE]),
@@ -169,6 +198,25 @@ CASES = {
     "skill-target-unwritable": (["skill", "install", "--target", UNWRITABLE], [UNWRITABLE]),
     "skill-broken-link": (["skill", "install", "--target", "{t}/project", "--source", "{t}/skill-src"],
                           ["gone.md"]),
+    # the probe's weak spots: each used to end in a traceback (exit 1), run rows first, or print what it imported
+    "run-call-not-a-mapping": (["run", "{t}/call-list", "--rows", "cache", "--out", "{t}/out"], ["\"call\""]),
+    "inspect-class-from-stdlib": (["inspect", "{t}/class-stdlib", "--json"], ["standard library"]),
+    "inspect-class-relative": (["inspect", "{t}/class-relative", "--json"], ["absolute module name"]),
+    "twin-component-from-stdlib": (["twin", "{t}/component-stdlib", "{t}/out"], ["standard library"]),
+    "run-pipeline-from-stdlib": (["run", "zoo:flux", "--pipeline", "os:path", "--rows", "cache", "--out", "{t}/out"],
+                                 ["standard library"]),
+    "run-pipeline-not-a-class": (["run", "zoo:flux", "--pipeline", "ditgate.cli:main", "--rows", "cache",
+                                  "--out", "{t}/out"], ["no class"]),
+    "run-cache-config-not-a-number": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                       "--cache-config", "max_warmup_steps=abc"], ["max_warmup_steps", "integer"]),
+    "run-cache-config-below-cache-dit": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                          "--cache-config", "Fn_compute_blocks=-1"], ["Fn_compute_blocks", "at least 1"]),
+    "run-cache-config-flag-not-bool": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                        "--cache-config", "cfg_compute_first=1"], ["true or false"]),
+    "run-size-below-ssim-window": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--height", "7",
+                                    "--width", "7"], ["SSIM window"]),
+    "diff-empty-row": (["diff", "zoo:flux", "--row", "", "--out", "{t}/out"], ["name one row"]),
+    "diff-two-rows": (["diff", "zoo:flux", "--row", "cache,tp-2", "--out", "{t}/out"], ["name one row"]),
     # typos: the nearest command or option is named
     "cli-command-typo": (["rn", "zoo:flux"], ["did you mean run?"]),
     "cli-action-typo": (["zoo", "buil", "flux"], ["did you mean build?"]),

@@ -23,7 +23,7 @@ ALLOWED = {
     "gates": {"core", "metrics"},
     "twin": {"core", "zoo"},
     "inspect": {"core", "zoo"},
-    "inspect.flops": {"core", "zoo"},
+    "inspect.flops": {"core", "zoo", "twin"},
     "inspect.plan": {"core", "zoo", "inspect", "inspect.flops"},
     "run": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run.define", "run.exec", "run.judge", "run.report",
             "run.diff", "run.reuse"},

@@ -92,12 +92,39 @@ def test_every_kind_of_pipeline_twins(run_cli, zoo_path, tmp_path, name, modalit
     cut = {c["list"]: c for comp in made["components"] for c in comp.get("cuts", [])}
     for block_list in lists:
         assert cut[block_list]["after"] < cut[block_list]["before"], cut[block_list]
+    if name == "wan":  # a denoiser with one block list keeps a block behind the one a cache computes
+        assert cut["blocks"]["after"] == 2 and "cache" in cut["blocks"]["why"], cut["blocks"]
     assert made["checks"]["output_change"] > 1e-3
     if name == "pipe/wan22":
         calls = made["checks"]["calls"]
         assert set(calls) == {"transformer", "transformer_2"} and all(calls.values()), calls
         assert config(tmp_path / "twin", "transformer_2")["num_attention_heads"] == \
             config(source, "transformer_2")["num_attention_heads"]
+
+
+
+@pytest.mark.full
+def test_a_pipeline_named_with_the_pipeline_option_twins(run_cli, zoo_path, tmp_path, capsys):
+    """A folder whose index names a pipeline class diffusers does not have (a third-party package's, importable):
+    refused without `--pipeline` (the error says so), twinned with `--pipeline module:Class`; the twin records it,
+    keeps the query/KV heads and loads with it."""
+    from ditgate.core.model import Model
+
+    source = configs_only(zoo_path("tinymm"), tmp_path / "source")
+    index = json.loads((source / "model_index.json").read_text())
+    index["_class_name"] = "TinyMMPipeline"  # a bare name: diffusers' lookup, which does not know it
+    (source / "model_index.json").write_text(json.dumps(index))
+    capsys.readouterr()  # the zoo build's progress
+    code, _, err = run_cli("twin", source, tmp_path / "refused")
+    assert code == 2 and "--pipeline" in err and len(err.strip().splitlines()) == 1, err
+    made = twin_json(run_cli, source, tmp_path / "twin", "--pipeline", "tinymm:TinyMMPipeline")
+    assert made["pipeline"] == "tinymm:TinyMMPipeline" and made["pipeline_class"] == "TinyMMPipeline"
+    assert made["checks"]["output_change"] > 1e-3 and all(made["checks"]["calls"].values())
+    before, after = config(source, "transformer"), config(tmp_path / "twin", "transformer")
+    heads = [k for k in before if "head" in k]
+    assert heads and all(after[k] == before[k] for k in heads), (heads, before, after)
+    pipe = Model.open(str(tmp_path / "twin"), pipeline="tinymm:TinyMMPipeline").load()
+    assert type(pipe).__name__ == "TinyMMPipeline"
 
 
 ZERO_INIT_MODULE = '''
@@ -155,3 +182,56 @@ def test_a_source_that_zero_initialises_its_output_still_discriminates(run_cli, 
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     row = next(r for r in report["rows"] if r["name"] == "cp-ulysses-2")
     assert code == 1 and row["status"] == "failed", (row, err[-2000:])
+
+
+def test_diffusers_own_zero_initialised_layers_are_drawn_again():
+    """diffusers' ErnieImage transformer zeroes its shared adaLN modulation and its final linear layer: built as
+    diffusers makes it, its output is zero whatever the input; the twin's weights draw exactly those layers again
+    (and no layer diffusers draws itself), after which the output depends on the input."""
+    import torch
+    from diffusers import ErnieImageTransformer2DModel
+
+    from ditgate.twin.weights import redraw_zeros
+
+    torch.manual_seed(0)
+    model = ErnieImageTransformer2DModel(hidden_size=32, num_attention_heads=2, num_layers=1, ffn_hidden_size=64,
+                                         in_channels=4, out_channels=4, text_in_dim=16, rope_axes_dim=(4, 6, 6))
+    inputs = [torch.randn(1, 4, 4, 4, generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+    text, lens, t = torch.randn(1, 3, 16), torch.tensor([3]), torch.tensor([500.0])
+
+    def outputs():
+        with torch.no_grad():
+            return [model(x, t, text, lens, return_dict=False)[0] for x in inputs]
+
+    assert all(not o.any() for o in outputs())  # diffusers' own init: a constant (zero) output
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    drawn = redraw_zeros(model, seed=1)
+    assert set(drawn) == {"adaLN_modulation.1.weight", "adaLN_modulation.1.bias", "final_linear.weight",
+                          "final_linear.bias"}, drawn
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if n not in drawn)
+    first, second = outputs()
+    assert (first - second).abs().max() > 1e-2
+
+
+def test_a_clip_tokenizer_without_files_stops_at_its_encoders_positions(tmp_path):
+    """SD3.5-Large's folder has no tokenizer files; the pipeline pads each CLIP prompt to its tokenizer's limit, so
+    a stand-in longer than CLIP's 77 positions made every call of the twin fail. The stand-in takes the paired
+    encoder's position table (the T5 one, which has none, keeps its own limit)."""
+    from pathlib import Path
+
+    from ditgate.twin import assemble, source as source_mod
+
+    src = source_mod.read(str(Path(source_mod.__file__).parent / "configs" / "sd3.5-large"))
+    assert not any(src.components[t].has_tokenizer_files for t in ("tokenizer", "tokenizer_2", "tokenizer_3"))
+    summaries, _, vocab = assemble._tokenizers(src, tmp_path, lambda message: None)
+    assert vocab["text_encoder"].model_max_length == vocab["text_encoder_2"].model_max_length == 77
+    assert vocab["text_encoder_3"].model_max_length > 77 and set(summaries) == {"tokenizer", "tokenizer_2",
+                                                                                 "tokenizer_3"}
+
+
+def test_a_class_conditioned_pipeline_twins_without_a_prompt(run_cli, zoo_path, tmp_path):
+    """DiTPipeline takes class labels, no prompt: the twin's call keeps the source's labels and adds no prompt (it
+    was refused at every size: 'does not accept prompt')."""
+    made = twin_json(run_cli, zoo_path("pipe/dit"), tmp_path / "twin")
+    assert "prompt" not in made["call"] and made["call"]["class_labels"] == [0], made["call"]
+    assert made["checks"]["output_change"] > 1e-3

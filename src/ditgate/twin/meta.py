@@ -3,7 +3,8 @@
 A config is read into a plain dict (diffusers' `load_config`, transformers' `to_dict`) and rewritten as one; a key is
 a path of names (`("text_config", "num_hidden_layers")`). A build on the meta device allocates nothing, but a config
 that lies (a layer count of 10**9) would still loop for ever: every build counts the modules and parameter elements
-it registers and stops at `MAX_MODULES` / `MAX_ELEMENTS`, far above any released model.
+it registers and stops at `MAX_MODULES` / `MAX_ELEMENTS`, far above any released model; a layer count above
+`MAX_LAYERS` is refused before anything is built.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ditgate.core.errors import DitgateError
 
 MAX_MODULES = 500_000  # a 100-layer LLM registers about 2,000 modules; FLUX.1's transformer about 1,500
 MAX_ELEMENTS = 2 * 10**12  # parameter elements of one component (the largest released DiTs hold about 10**11)
+MAX_LAYERS = 10_000  # a config's layer or block count (released models: at most about 100), refused before building
 
 Path_ = tuple[str, ...]
 
@@ -133,6 +135,10 @@ def on_meta(cls, library: Library, config: dict[str, Any], what: str):
     """The model on the meta device (nothing allocated); TwinError when the config does not build."""
     import torch
 
+    for path, value in flatten(config):
+        if is_int(value) and value > MAX_LAYERS and ("layers" in path[-1] or "blocks" in path[-1]):
+            raise TooBig(f"{what}: {dotted(path)} is {value:,}; no real model has more than {MAX_LAYERS:,} layers "
+                         "(a layer count the config lies about?)")
     first: BaseException | None = None
     for context in (lambda: torch.device("meta"), _empty_weights):
         try:

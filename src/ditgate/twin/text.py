@@ -123,8 +123,10 @@ def _builders():
             ("gemma", lambda n: enc.llm_tokenizer("gemma")), ("", lambda n: enc.llm_tokenizer("qwen2"))]
 
 
-def stand_in(component) -> Any:
-    """An offline tokenizer of the component's family (the byte-level Qwen2 one for any other BPE family)."""
+def stand_in(component, positions: int | None = None) -> Any:
+    """An offline tokenizer of the component's family (the byte-level Qwen2 one for any other BPE family). Its
+    length limit: the tokenizer config's `model_max_length`; for CLIP and T5 stand-ins, else `positions` (the paired
+    encoder's position table, 77 for CLIP: pipelines pad a prompt to the tokenizer's limit), else 512."""
     from transformers import ProcessorMixin
 
     if isinstance(component.cls, type) and issubclass(component.cls, ProcessorMixin):
@@ -138,7 +140,7 @@ def stand_in(component) -> Any:
     family = component.class_name.lower()
     for key, make in _builders():
         if key in family:
-            tok = make(max_length or 512) if key in ("clip", "t5") else make(None)
+            tok = make(max_length or positions or 512) if key in ("clip", "t5") else make(None)
             if max_length and key not in ("clip", "t5"):
                 tok.model_max_length = max_length
             return tok

@@ -225,14 +225,14 @@ def _quiet():
 def build_meta(config: dict, dtype: str = "bfloat16"):
     """The transformer of `config` on the meta device: real module structure, no weights, no memory."""
     import diffusers
-    import torch
 
     from ditgate.core.loader import torch_dtype
+    from ditgate.twin.meta import DIFFUSERS, on_meta
 
     class_name = config.get("_class_name")
     cls = getattr(diffusers, str(class_name), None)
     if cls is None:
         raise FlopsError(f"diffusers {diffusers.__version__} has no transformer class {class_name!r}")
-    with _quiet(), torch.device("meta"):
-        model = cls.from_config(config).to(torch_dtype(dtype)).eval()
-    return model
+    with _quiet():  # a config that lies (10**9 layers, a negative width) is refused, not built for ever
+        model = on_meta(cls, DIFFUSERS, config, f"{class_name} config")
+    return model.to(torch_dtype(dtype)).eval()

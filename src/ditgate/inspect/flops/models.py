@@ -84,6 +84,12 @@ def _wan_geometry(cfg, vae, height, width, frames, text_len) -> Geometry:
     if lf % pt or lh % ph or lw % pw or lh == 0 or lw == 0:
         raise FlopsError(f"{frames} frames of {height}x{width} give latents {lf}x{lh}x{lw}, which patches "
                          f"{pt}x{ph}x{pw} do not divide")
+    table = cfg.get("rope_max_seq_len")  # positions WanRotaryPosEmbed holds per axis
+    for axis, count in (("frames", lf // pt), ("height", lh // ph), ("width", lw // pw)):
+        if isinstance(table, int) and count > table:
+            raise FlopsError(f"{frames} frames of {height}x{width} give {count} positions along the {axis}, more "
+                             f"than the transformer's rotary table holds (rope_max_seq_len {table}): choose a "
+                             "smaller size")
     return Geometry((lf // pt) * (lh // ph) * (lw // pw), text_len, (1, cfg.get("in_channels", 16), lf, lh, lw))
 
 

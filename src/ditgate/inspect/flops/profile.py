@@ -264,6 +264,8 @@ def analyze(model: str | Path, *, height: int, width: int, frames: int | None = 
             raise FlopsError(f"{label} must be a positive integer, got {value!r}")
     src = source(model)
     family = family_of(src.class_name)
+    if frames is not None and not family.video:
+        raise FlopsError(f"--frames: {src.class_name} makes images, not videos; leave --frames out")
     if family.video and frames is None:
         frames = src.defaults.get("num_frames")
     if text_len is None:
@@ -272,7 +274,12 @@ def analyze(model: str | Path, *, height: int, width: int, frames: int | None = 
     meta = build_meta(src.transformer, dtype)
     counter = _Counter(family)
     with _counting(counter, meta), torch.no_grad():
-        meta(**family.inputs(src.transformer, geometry, meta.dtype), return_dict=False)
+        try:
+            meta(**family.inputs(src.transformer, geometry, meta.dtype), return_dict=False)
+        except (RuntimeError, ValueError, IndexError) as exc:  # a size its config cannot take (a position table)
+            size = "x".join(str(v) for v in (frames if family.video else None, height, width) if v)
+            raise FlopsError(f"{src.class_name} cannot run at {size} with its config: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
     lists = {name: len(blocks) for name, blocks in block_lists(meta).items()}
     units = [[f"{n}.{i}" for i in range(c)] for n, c in lists.items()]
     if family.cache_merges_lists:
