@@ -104,6 +104,8 @@ def _row_outcome(row: dict[str, Any] | None, name: str) -> Outcome:
         return Outcome("pass", "; ".join(x for x in (f"{name} passed: {metrics}" if metrics else f"{name} ran",
                                                       proofs) if x))
     reasons = "; ".join(row.get("reasons") or []) or "no reason recorded"
+    if row["status"] == "inconclusive":  # neither done nor failed: its gate cannot judge it here (the reason says why)
+        return Outcome("inconclusive", f"{name} inconclusive: {reasons}")
     if row["status"] == "error" and (row.get("error") or {}).get("preflight"):
         return Outcome("error", f"{name} could not run here: {reasons}")
     return Outcome("fail", f"{name} {row['status']}: {reasons}" + (f" ({metrics})" if metrics else ""))
@@ -241,7 +243,7 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     Order: inspect; named checks that only read the pipeline (on the inspected copy); the runner; named checks
     judged on its rows; named checks that change a pipeline (each on a fresh load).
     """
-    from ditgate.run.runner import _versions
+    from ditgate.run.exec.folder import versions as _versions
 
     run_dir = _fresh_folder(opts)
     if opts.from_run is not None:  # refuse a run of another model or request now, not after the inspection
@@ -305,7 +307,7 @@ def reproduce_command(names: list[str], opts: RunOptions) -> str:
 def fill(checklist: Checklist, outcomes: dict[tuple[str, str], Outcome], run_info: dict[str, Any]) -> dict[str, Any]:
     """The checklist's data with a `result` per item and a `run` summary."""
     data = {k: v for k, v in checklist.data.items() if k not in ("items", "run")}
-    items, counts = [], dict.fromkeys(("pass", "fail", "error", "manual"), 0)
+    items, counts = [], dict.fromkeys(("pass", "fail", "error", "manual", "inconclusive"), 0)
     for raw, item in zip(checklist.data["items"], checklist.items):
         if item.automated:
             outcome = outcomes.get((checklist.name, item.id), Outcome("error", "the check did not run"))
@@ -314,7 +316,9 @@ def fill(checklist: Checklist, outcomes: dict[tuple[str, str], Outcome], run_inf
         counts[outcome.status] += 1
         items.append({k: v for k, v in raw.items() if k != "result"}
                      | {"result": {"status": outcome.status, "evidence": outcome.evidence}})
-    data["run"] = run_info | {"passed": counts["fail"] == 0 and counts["error"] == 0, "counts": counts}
+    failed = counts["fail"] or counts["error"]
+    data["run"] = run_info | {"passed": not failed and not counts["inconclusive"], "counts": counts,
+                              "outcome": "failed" if failed else "inconclusive" if counts["inconclusive"] else "passed"}
     data["items"] = items
     return data
 

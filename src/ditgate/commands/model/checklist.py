@@ -15,7 +15,7 @@ from pathlib import Path
 
 HELP = "run a phase's checklist (automated items checked, manual items listed) and write a filled-in copy"
 
-_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL"}
+_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL", "inconclusive": "INCONCL"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +82,8 @@ def render(filled: dict, path: Path) -> str:
     for item in filled["items"]:
         result = item["result"]
         lines.append(f"  {_MARK[result['status']]:<7} {item['id']:<28} {result['evidence']}")
-    lines.append(f"  {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors, "
+    unjudged = f"{counts['inconclusive']} inconclusive, " if counts.get("inconclusive") else ""
+    lines.append(f"  {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors, {unjudged}"
                  f"{counts['manual']} to check by hand -> {path}")
     return "\n".join(lines) + "\n"
 
@@ -115,4 +116,8 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps([f | {"file": str(p)} for f, p in zip(filled, paths)], indent=2, default=str))
     else:
         sys.stdout.write("\n".join(render(f, p) for f, p in zip(filled, paths)))
-    return 0 if all(f["run"]["passed"] for f in filled) else 1
+    if all(f["run"]["passed"] for f in filled):
+        return 0
+    from ditgate.core.errors import EXIT_INCONCLUSIVE
+
+    return 1 if any(f["run"].get("outcome") == "failed" for f in filled) else EXIT_INCONCLUSIVE
