@@ -59,6 +59,8 @@ def assemble(source: Source, staging: Path, final: Path, *, seed: int, log: Call
              "encoder" for k, v in layer_args.items()]
     given = dict(call or {})
     base = call_mod.base_call(dict(source.meta.get("call") or {}), layer_args, given)
+    if "prompt" not in given and not call_mod.takes(source.pipeline_cls, "prompt"):
+        base.pop("prompt", None)  # a class-conditioned pipeline (DiTPipeline takes class_labels)
     (staging / "ditgate.json").write_text(json.dumps({"call": base, "vae_tiling": {}}, indent=2) + "\n")
     choice = call_mod.choose(staging, base, pipeline=source.pipeline, trust_remote_code=source.trust_remote_code,
                              log=log, given=frozenset(given), frames=frames)
