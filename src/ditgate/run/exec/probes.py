@@ -41,6 +41,7 @@ class Probes:
     """Counters and captures of one pipeline call; `facts()` is what gets stored in the row result."""
 
     last_block_calls: dict[str, int] = field(default_factory=dict)
+    block_calls: dict[str, list[int]] = field(default_factory=dict)  # calls of every block of each list
     block_seq_len: dict[str, int] = field(default_factory=dict)
     block_shapes: dict[str, list[list[int]]] = field(default_factory=dict)  # shapes block 0 of each list returned
     transformer_calls: int = 0
@@ -59,6 +60,7 @@ class Probes:
     def reset(self) -> None:
         """Forget what the previous call recorded; the hooks stay attached."""
         self.last_block_calls = {k: 0 for k in self.last_block_calls}
+        self.block_calls = {k: [0] * len(v) for k, v in self.block_calls.items()}
         self.block_seq_len.clear()
         self.block_shapes.clear()
         self.calls_by_transformer = {k: 0 for k in self.calls_by_transformer}
@@ -83,6 +85,9 @@ class Probes:
                 key = f"{tname}.{lname}"
                 self.last_block_calls[key] = 0
                 self._handles.append(blocks[-1].register_forward_hook(eager(self._counter(key))))
+                self.block_calls[key] = [0] * len(blocks)
+                for i, block in enumerate(blocks):  # a cache with Bn_compute_blocks > 0 skips middle blocks only
+                    self._handles.append(block.register_forward_hook(eager(self._block_counter(key, i))))
                 self._handles.append(blocks[0].register_forward_hook(eager(self._seq_len(key))))
         self._steps = SchedulerSteps(pipe).__enter__()
         decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
@@ -149,6 +154,11 @@ class Probes:
     def _counter(self, key):
         def hook(module, args, output):
             self.last_block_calls[key] += 1
+        return hook
+
+    def _block_counter(self, key, index):
+        def hook(module, args, output):
+            self.block_calls[key][index] += 1
         return hook
 
     def _seq_len(self, key):
@@ -222,6 +232,7 @@ class Probes:
     def facts(self, steps: int | None) -> dict[str, Any]:
         return {
             "last_block_calls": dict(self.last_block_calls),
+            "block_calls": {k: list(v) for k, v in self.block_calls.items()},
             "block_seq_len": dict(self.block_seq_len),
             "block_shapes": {k: [list(s) for s in v] for k, v in self.block_shapes.items()},
             "transformer_calls": self.transformer_calls,
