@@ -90,6 +90,7 @@ class RunOptions:
     timeout: float = 600.0
     progress: Callable[[str], None] | None = None
     from_run: Path | None = None  # a `ditgate run` folder whose finished rows are reused (copied into `out`)
+    cache_config: dict[str, Any] = field(default_factory=dict)  # --cache-config, as `ditgate run` takes it
 
 
 def _row_outcome(row: dict[str, Any] | None, name: str) -> Outcome:
@@ -206,7 +207,7 @@ class _Session:
 
     def run_rows(self, run_dir: Path) -> None:
         """ONE runner call: every row item, plus the rows that named checks are judged on."""
-        from ditgate.run.define.rows import BASELINE, DEFAULT_ROWS, select
+        from ditgate.run.define.rows import BASELINE, DEFAULT_ROWS, select, with_cache_config
         from ditgate.run.runner import RunConfig, copy_finished_rows, run
 
         wanted = list(dict.fromkeys(i.check["row"] for c, i in self.items if i.kind == "row"))
@@ -220,7 +221,7 @@ class _Session:
                     self.outcomes[c.name, i.id] = Outcome("error", f"{type(exc).__name__}: {exc}")
         if not wanted and not extra:
             return
-        chosen = select(DEFAULT_ROWS, wanted) if wanted else []
+        chosen = with_cache_config(select(DEFAULT_ROWS, wanted), self.opts.cache_config) if wanted else []
         if extra and BASELINE.name not in {r.name for r in chosen}:
             chosen.insert(0, BASELINE)
         chosen += [r for n, r in extra.items() if n not in {x.name for x in chosen}]
@@ -250,7 +251,7 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
         from ditgate.run.runner import RunConfig, check_resumable
 
         check_resumable(Path(opts.from_run), RunConfig(model=opts.model, rows=[], integration=opts.integration))
-    ctx = Context(model=opts.model, integration_path=opts.integration)
+    ctx = Context(model=opts.model, integration_path=opts.integration, cache_config=dict(opts.cache_config))
     session = _Session(opts, ctx, [(c, i) for c in checklists for i in c.items if i.automated],
                        opts.progress or logs.progress)
     session.inspect()

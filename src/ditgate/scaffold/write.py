@@ -119,8 +119,10 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
     return entries, notes
 
 
-def _tp_layers(rows: list[dict[str, Any]], heads: int | None, tp: int = 2) -> tuple[dict[str, str], list[str]]:
-    """The layer plan of one block class: only pairs whose every member was observed."""
+def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str],
+               tp: int = 2) -> tuple[dict[str, str], list[str]]:
+    """The layer plan of one block class: only pairs whose every member was observed; attention modules in `across`
+    (a q/k norm over all heads) kept whole."""
     names = {r["layer"]: r["style"] for r in rows}
     plan, notes = {}, []
     for layer in [n for n in names if n.endswith(".to_q")]:
@@ -129,6 +131,11 @@ def _tp_layers(rows: list[dict[str, Any]], heads: int | None, tp: int = 2) -> tu
         if not all(n in names for n in qkv) or f"{p}.to_out.0" not in names:
             notes.append(f"`{p}` has no `to_out.0` of its own (its heads feed a layer shared with other inputs): "
                          "kept whole; sharding it is the other choice, told apart by tp-2")
+            continue
+        if p in across:
+            notes.append(f"`{p}` normalises q/k over all heads at once (observed norm width): sharding its heads "
+                         "would normalise each shard alone, so it is kept whole; the other choice (shard it with a "
+                         "norm over the gathered heads) is told apart by tp-2")
             continue
         if heads is None or heads % tp:
             notes.append(f"`{p}`: {heads} heads do not divide by {tp}: kept whole")
@@ -198,7 +205,8 @@ def plugin_source(observed: Observed) -> str:
         listed = [b for b in lists if b.block_class == cls]
         if not listed:
             continue
-        plan, tnotes = _tp_layers(rows, heads)
+        across = {n.split(".*.", 1)[-1].rsplit(".", 1)[0] for n in a.attention.qk_norm_across_heads}
+        plan, tnotes = _tp_layers(rows, heads, across)
         tp += [f"    # {cls} (in {', '.join(b.attribute for b in listed)}):", *[f"    #   {n}" for n in tnotes]]
         if not plan:
             tp.append("    #   nothing sharded")

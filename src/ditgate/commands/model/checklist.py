@@ -30,6 +30,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--integration", type=Path, metavar="FILE",
                         help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
     add_twin_argument(parser)
+    parser.add_argument("--cache-config", nargs="+", metavar="KEY=VALUE",
+                        help="the cache rows' configuration, as `ditgate run --cache-config` takes it (e.g. "
+                             "Fn_compute_blocks=2 max_warmup_steps=4): a cache phase that needs its own schedule")
     parser.add_argument("--out", type=Path, help="run folder for the rows and the filled-in checklists (new or "
                         "empty; default: a new folder under runs/)")
     parser.add_argument("--from-run", type=Path, metavar="RUN",
@@ -102,9 +105,11 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.commands.model.options import model_from
 
     checklists = [load(name) for name in _names(args.phase)]
+    from ditgate.run.define.rows import parse_cache_config
+
     opts = RunOptions(model=model_from(args), integration=args.integration, twin=args.twin, out=args.out,
-                      timeout=args.timeout,
-                      from_run=args.from_run)
+                      timeout=args.timeout, from_run=args.from_run,
+                      cache_config=parse_cache_config(args.cache_config))
     with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result
         filled = run_checklists(checklists, opts)
     paths = [write_filled(f) for f in filled]
