@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.collect:
         _test_image(work / "input.png")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), DITGATE_HOME=str(work / "home"))
-    image_options = {cmd: _has_option(cmd, "--image") for cmd in ("run", "inspect", "twin")}
+    image_options = {cmd: _has_option(cmd, "--image") for cmd in ("run", "inspect")} | {"twin": False}  # its own
     if args.collect:  # the steps a survey into --work has finished so far, nothing run
         done = []
         for entry in todo:

@@ -9,6 +9,7 @@ loading any model, so the whole table takes seconds.
 import json
 import os
 import pickle
+import shutil
 import zipfile
 
 import numpy as np
@@ -79,6 +80,17 @@ def files(tmp_path, zoo_path):
     (skill / "SKILL.md").write_text("---\nname: broken-link-skill\ndescription: a skill with a dangling link\n---\n"
                                     "# Broken\n")
     (skill / "references" / "gone.md").symlink_to(t / "does-not-exist.md")
+    # model folders that lie: a call that is not a mapping, a pipeline class from the standard library (importing
+    # `this` prints the Zen of Python), a relative module name
+    for name, change in {"call-list": ("ditgate.json", {"call": [1]}),
+                         "class-stdlib": ("model_index.json", {"_class_name": ["this", "X"]}),
+                         "class-relative": ("model_index.json", {"_class_name": ["..evil", "X"]}),
+                         "component-stdlib": ("model_index.json", {"transformer": ["os", "path"]})}.items():
+        folder = t / name
+        shutil.copytree(zoo_path("flux"), folder, ignore=lambda d, names: [n for n in names if n.endswith(".safetensors")])
+        file, values = change
+        data = json.loads((folder / file).read_text()) if (folder / file).is_file() else {}
+        (folder / file).write_text(json.dumps(data | values))
     return t
 
 
@@ -186,6 +198,25 @@ CASES = {
     "skill-target-unwritable": (["skill", "install", "--target", UNWRITABLE], [UNWRITABLE]),
     "skill-broken-link": (["skill", "install", "--target", "{t}/project", "--source", "{t}/skill-src"],
                           ["gone.md"]),
+    # the probe's weak spots: each used to end in a traceback (exit 1), run rows first, or print what it imported
+    "run-call-not-a-mapping": (["run", "{t}/call-list", "--rows", "cache", "--out", "{t}/out"], ["\"call\""]),
+    "inspect-class-from-stdlib": (["inspect", "{t}/class-stdlib", "--json"], ["standard library"]),
+    "inspect-class-relative": (["inspect", "{t}/class-relative", "--json"], ["absolute module name"]),
+    "twin-component-from-stdlib": (["twin", "{t}/component-stdlib", "{t}/out"], ["standard library"]),
+    "run-pipeline-from-stdlib": (["run", "zoo:flux", "--pipeline", "os:path", "--rows", "cache", "--out", "{t}/out"],
+                                 ["standard library"]),
+    "run-pipeline-not-a-class": (["run", "zoo:flux", "--pipeline", "ditgate.cli:main", "--rows", "cache",
+                                  "--out", "{t}/out"], ["no class"]),
+    "run-cache-config-not-a-number": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                       "--cache-config", "max_warmup_steps=abc"], ["max_warmup_steps", "integer"]),
+    "run-cache-config-below-cache-dit": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                          "--cache-config", "Fn_compute_blocks=-1"], ["Fn_compute_blocks", "at least 1"]),
+    "run-cache-config-flag-not-bool": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                        "--cache-config", "cfg_compute_first=1"], ["true or false"]),
+    "run-size-below-ssim-window": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--height", "7",
+                                    "--width", "7"], ["SSIM window"]),
+    "diff-empty-row": (["diff", "zoo:flux", "--row", "", "--out", "{t}/out"], ["name one row"]),
+    "diff-two-rows": (["diff", "zoo:flux", "--row", "cache,tp-2", "--out", "{t}/out"], ["name one row"]),
     # typos: the nearest command or option is named
     "cli-command-typo": (["rn", "zoo:flux"], ["did you mean run?"]),
     "cli-action-typo": (["zoo", "buil", "flux"], ["did you mean build?"]),
@@ -297,3 +328,83 @@ def test_no_row_and_reserved_names_are_refused(run_cli, tmp_path, argv, words):
     code, stdout, err = run_cli(*[a.replace("{t}", str(tmp_path)) for a in argv], "--out", out)
     assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
     assert "PASS" not in stdout and not out.exists()
+
+
+# Every command that takes a model refuses the same bad model options and bad model folders, in one line, before it
+# makes its output folder. The table is the product: each command (its other arguments valid) times each bad value.
+MODEL_COMMANDS = {
+    "run": ["run", "{m}", "--rows", "cache", "--out", "{t}/out"],
+    "diff": ["diff", "{m}", "--row", "cp-ulysses-2", "--out", "{t}/out"],
+    "inspect": ["inspect", "{m}"],
+    "twin": ["twin", "{m}", "{t}/out"],
+    "checklist": ["checklist", "cache", "--model", "{m}", "--out", "{t}/out"],
+    "matrix": ["matrix", "{m}", "--out", "{t}/out"],
+}
+BAD_MODEL_OPTIONS = {
+    "dtype": (["--dtype", "float99"], "float99"),
+    "device": (["--device", "tpu"], "tpu"),
+    "height-zero": (["--height", "0"], "height"),
+    "height-negative": (["--height", "-8"], "height"),
+    "height-overflowing": (["--height", "1" + "0" * 30], "height"),
+    "width-zero": (["--width", "0"], "width"),
+    "frames-on-an-image-model": (["--frames", "5"], "--frames"),
+    "steps-zero": (["--steps", "0"], "steps"),
+    "steps-negative": (["--steps", "-3"], "steps"),
+    "call-without-value": (["--call", "garbage"], "KEY=VALUE"),
+    "call-broken-json": (["--call", "sigmas=[1,"], "not valid JSON"),
+    "call-file-missing": (["--call-file", "{t}/nope.json"], "nope.json"),
+    "call-file-not-json": (["--call-file", "{t}/bad.json"], "bad.json"),
+    "call-file-a-list": (["--call-file", "{t}/list.json"], "list.json"),
+    "call-file-height-a-word": (["--call-file", "{t}/call-str.json"], "height"),
+    "image-missing": (["--image", "{t}/nope.png"], "--image"),  # zoo:flux takes no image: said first
+    "image-not-an-image": (["--image", "{t}/a-file"], "--image"),
+    "pipeline-not-installed": (["--pipeline", "nosuchmodule_xyz:X"], "nosuchmodule_xyz"),
+    "pipeline-without-module": (["--pipeline", "FluxPipelineX"], "FluxPipelineX"),
+    "pipeline-standard-library": (["--pipeline", "os:path"], "os"),
+}
+BAD_MODELS = {
+    "missing": ("{t}/no-model", "no-model"),
+    "a-file": ("{t}/a-file", "a-file"),
+    "unknown-zoo-name": ("zoo:nosuch", "nosuch"),
+    "index-a-list": ("{t}/list-index", "model_index.json"),
+    "index-a-string": ("{t}/string-index", "model_index.json"),
+    "empty-folder": ("{t}/empty", "model_index.json"),
+}
+MODEL_CASES = {
+    **{f"{c}-{b}": (c, "zoo:flux", extra, word) for c in MODEL_COMMANDS for b, (extra, word) in
+       BAD_MODEL_OPTIONS.items()},
+    **{f"{c}-model-{b}": (c, model, [], word) for c in MODEL_COMMANDS for b, (model, word) in BAD_MODELS.items()},
+}
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory):
+    t = tmp_path_factory.mktemp("bad-models")
+    (t / "a-file").write_text("a plain file")
+    (t / "empty").mkdir()
+    for name, text in {"list-index": "[1, 2, 3]", "string-index": '"FluxPipeline"'}.items():
+        (t / name).mkdir()
+        (t / name / "model_index.json").write_text(text)
+    (t / "list.json").write_text("[1, 2]")
+    (t / "bad.json").write_text("{not json")
+    (t / "call-str.json").write_text('{"height": "tall"}')
+    return t
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_CASES))
+def test_every_model_command_refuses_bad_models_and_options(name, model_files, capsys):
+    from ditgate.cli import main
+
+    command, model, extra, word = MODEL_CASES[name]
+    argv = [a.format(m=model, t=model_files) for a in MODEL_COMMANDS[command]]
+    argv = [a.format(m=model, t=model_files) for a in argv] + [a.format(t=model_files) for a in extra]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, (name, code, err[-2000:])
+    lines = err.strip().splitlines()
+    assert lines and lines[-1].startswith("ditgate") and word in lines[-1], (name, err)
+    assert len(lines) == 1 or lines[0].startswith("usage:"), ("more than one line", name, err)
+    assert not (model_files / "out").exists(), "a refused command made its output folder"

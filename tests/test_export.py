@@ -181,6 +181,11 @@ def test_a_lean_export_proves_only_what_its_rows_cover_and_runs_its_test_alone(t
     again = _cli(*args)
     assert again.returncode == 0 and json.loads(again.stdout)["status"] == "unchanged"
     assert _snapshot(tree_dir) == before
+    # an example of the same name that differs (edited since) is refused, not registered twice
+    examples = tree_dir / "cache_dit/_utils/examples.py"
+    examples.write_text(examples.read_text().replace("num_inference_steps=", "num_inference_steps=1 + "))
+    edited = _cli(*args)
+    assert edited.returncode == 2 and "already registers the example 'tinymoe'" in edited.stderr
 
 
 def test_a_file_that_fails_its_rows_is_not_exported(tmp_path):

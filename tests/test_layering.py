@@ -34,17 +34,18 @@ ALLOWED = {
     "run.report": {"core", "zoo", "metrics", "gates", "inspect", "run.define", "run.exec", "run.judge"},
     "run.diff": {"core", "zoo", "metrics", "gates", "inspect", "run.define", "run.exec", "run.judge"},
     "run.reuse": {"core", "zoo", "gates", "run.define", "run.exec"},  # the result store (after exec, before judging)
+    "scaffold": {"core", "zoo", "twin", "inspect"},  # a plugin written from the observed anatomy
     "export": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run"},
     "perf": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run"},
     "skill": {"core", "cli"},  # the linter checks the skill's command lines with the CLI's own parser
     "skill.rules": {"core", "cli", "skill"},
     "checklists": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run", "skill"},
     "notebooks": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run", "perf"},
-    "commands": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run", "export", "perf", "skill",
+    "commands": {"core", "zoo", "twin", "metrics", "gates", "inspect", "scaffold", "run", "export", "perf", "skill",
                  "checklists", "notebooks", "cli"},
-    "commands.model": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run", "export", "perf", "skill",
+    "commands.model": {"core", "zoo", "twin", "metrics", "gates", "inspect", "scaffold", "run", "export", "perf", "skill",
                        "checklists", "notebooks", "cli"},
-    "commands.tools": {"core", "zoo", "twin", "metrics", "gates", "inspect", "run", "export", "perf", "skill",
+    "commands.tools": {"core", "zoo", "twin", "metrics", "gates", "inspect", "scaffold", "run", "export", "perf", "skill",
                        "checklists", "notebooks", "cli"},
     "cli": {"commands", "core", "top"},
     "top": {"core", "cli"},  # ditgate/__init__.py, ditgate/__main__.py

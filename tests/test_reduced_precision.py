@@ -118,7 +118,7 @@ def test_cache_config_sets_the_default_cache_rows():
 
 
 def test_a_cache_row_failing_only_on_latents_says_what_to_try():
-    from ditgate.run.judge.gating import _latents_only_hint
+    from ditgate.run.judge.hints import _latents_only_hint
 
     rng = np.random.default_rng(0)
     image = rng.random((32, 32, 3)).astype(np.float32)

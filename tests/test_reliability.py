@@ -107,6 +107,8 @@ def test_the_cache_row_checks_the_adapter_with_caching_off(run_cli, tmp_path):
     cache = {r["name"]: r for r in json.loads(out)["rows"]}["cache"]
     assert cache["verdict"]["cache_off"]["passed"] is False and cache["verdict"]["cache_off"]["max_abs"] > 1e-4
     assert any("caching off" in reason and "patch functor" in reason for reason in cache["reasons"])
+    assert "caching off" in cache["reasons"][0], cache["reasons"]  # the strongest evidence first, no cache tuning
+    assert not any("try a stricter threshold" in reason for reason in cache["reasons"])
 
 
 def test_a_nan_baseline_fails_the_rows_and_writes_the_report(run_cli, tmp_path):

@@ -92,6 +92,8 @@ def test_every_kind_of_pipeline_twins(run_cli, zoo_path, tmp_path, name, modalit
     cut = {c["list"]: c for comp in made["components"] for c in comp.get("cuts", [])}
     for block_list in lists:
         assert cut[block_list]["after"] < cut[block_list]["before"], cut[block_list]
+    if name == "wan":  # a denoiser with one block list keeps a block behind the one a cache computes
+        assert cut["blocks"]["after"] == 2 and "cache" in cut["blocks"]["why"], cut["blocks"]
     assert made["checks"]["output_change"] > 1e-3
     if name == "pipe/wan22":
         calls = made["checks"]["calls"]
@@ -225,3 +227,11 @@ def test_a_clip_tokenizer_without_files_stops_at_its_encoders_positions(tmp_path
     assert vocab["text_encoder"].model_max_length == vocab["text_encoder_2"].model_max_length == 77
     assert vocab["text_encoder_3"].model_max_length > 77 and set(summaries) == {"tokenizer", "tokenizer_2",
                                                                                  "tokenizer_3"}
+
+
+def test_a_class_conditioned_pipeline_twins_without_a_prompt(run_cli, zoo_path, tmp_path):
+    """DiTPipeline takes class labels, no prompt: the twin's call keeps the source's labels and adds no prompt (it
+    was refused at every size: 'does not accept prompt')."""
+    made = twin_json(run_cli, zoo_path("pipe/dit"), tmp_path / "twin")
+    assert "prompt" not in made["call"] and made["call"]["class_labels"] == [0], made["call"]
+    assert made["checks"]["output_change"] > 1e-3

@@ -171,7 +171,7 @@ def _steps(ctx: Context) -> int:
 
 
 def _all_steps_row(ctx: Context, args: dict[str, Any]) -> list[Row]:
-    return [Row("cache-all-steps", baseline=None, cache=DEFAULT_CACHE | {"mask": [1] * _steps(ctx)},
+    return [Row("cache-all-steps", baseline=None, cache=DEFAULT_CACHE | ctx.cache_config | {"mask": [1] * _steps(ctx)},
                 description="the cache rows' configuration with a mask that computes every step")]
 
 

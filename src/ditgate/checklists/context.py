@@ -43,6 +43,7 @@ class Context:
     anatomy: dict[str, Any] | None = None
     run_dir: Path | None = None
     report: dict[str, Any] | None = None
+    cache_config: dict[str, Any] = field(default_factory=dict)  # --cache-config: on top of the default cache rows'
     _integration: Any = field(default=None, repr=False)
     _pipe: Any = field(default=None, repr=False)
 

@@ -90,6 +90,7 @@ class RunOptions:
     timeout: float = 600.0
     progress: Callable[[str], None] | None = None
     from_run: Path | None = None  # a `ditgate run` folder whose finished rows are reused (copied into `out`)
+    cache_config: dict[str, Any] = field(default_factory=dict)  # --cache-config, as `ditgate run` takes it
 
 
 def _row_outcome(row: dict[str, Any] | None, name: str) -> Outcome:
@@ -104,6 +105,8 @@ def _row_outcome(row: dict[str, Any] | None, name: str) -> Outcome:
         return Outcome("pass", "; ".join(x for x in (f"{name} passed: {metrics}" if metrics else f"{name} ran",
                                                       proofs) if x))
     reasons = "; ".join(row.get("reasons") or []) or "no reason recorded"
+    if row["status"] == "inconclusive":  # neither done nor failed: its gate cannot judge it here (the reason says why)
+        return Outcome("inconclusive", f"{name} inconclusive: {reasons}")
     if row["status"] == "error" and (row.get("error") or {}).get("preflight"):
         return Outcome("error", f"{name} could not run here: {reasons}")
     return Outcome("fail", f"{name} {row['status']}: {reasons}" + (f" ({metrics})" if metrics else ""))
@@ -204,7 +207,7 @@ class _Session:
 
     def run_rows(self, run_dir: Path) -> None:
         """ONE runner call: every row item, plus the rows that named checks are judged on."""
-        from ditgate.run.define.rows import BASELINE, DEFAULT_ROWS, select
+        from ditgate.run.define.rows import BASELINE, DEFAULT_ROWS, select, with_cache_config
         from ditgate.run.runner import RunConfig, copy_finished_rows, run
 
         wanted = list(dict.fromkeys(i.check["row"] for c, i in self.items if i.kind == "row"))
@@ -218,7 +221,7 @@ class _Session:
                     self.outcomes[c.name, i.id] = Outcome("error", f"{type(exc).__name__}: {exc}")
         if not wanted and not extra:
             return
-        chosen = select(DEFAULT_ROWS, wanted) if wanted else []
+        chosen = with_cache_config(select(DEFAULT_ROWS, wanted), self.opts.cache_config) if wanted else []
         if extra and BASELINE.name not in {r.name for r in chosen}:
             chosen.insert(0, BASELINE)
         chosen += [r for n, r in extra.items() if n not in {x.name for x in chosen}]
@@ -241,14 +244,14 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     Order: inspect; named checks that only read the pipeline (on the inspected copy); the runner; named checks
     judged on its rows; named checks that change a pipeline (each on a fresh load).
     """
-    from ditgate.run.runner import _versions
+    from ditgate.run.exec.folder import versions as _versions
 
     run_dir = _fresh_folder(opts)
     if opts.from_run is not None:  # refuse a run of another model or request now, not after the inspection
         from ditgate.run.runner import RunConfig, check_resumable
 
         check_resumable(Path(opts.from_run), RunConfig(model=opts.model, rows=[], integration=opts.integration))
-    ctx = Context(model=opts.model, integration_path=opts.integration)
+    ctx = Context(model=opts.model, integration_path=opts.integration, cache_config=dict(opts.cache_config))
     session = _Session(opts, ctx, [(c, i) for c in checklists for i in c.items if i.automated],
                        opts.progress or logs.progress)
     session.inspect()
@@ -305,7 +308,7 @@ def reproduce_command(names: list[str], opts: RunOptions) -> str:
 def fill(checklist: Checklist, outcomes: dict[tuple[str, str], Outcome], run_info: dict[str, Any]) -> dict[str, Any]:
     """The checklist's data with a `result` per item and a `run` summary."""
     data = {k: v for k, v in checklist.data.items() if k not in ("items", "run")}
-    items, counts = [], dict.fromkeys(("pass", "fail", "error", "manual"), 0)
+    items, counts = [], dict.fromkeys(("pass", "fail", "error", "manual", "inconclusive"), 0)
     for raw, item in zip(checklist.data["items"], checklist.items):
         if item.automated:
             outcome = outcomes.get((checklist.name, item.id), Outcome("error", "the check did not run"))
@@ -314,7 +317,9 @@ def fill(checklist: Checklist, outcomes: dict[tuple[str, str], Outcome], run_inf
         counts[outcome.status] += 1
         items.append({k: v for k, v in raw.items() if k != "result"}
                      | {"result": {"status": outcome.status, "evidence": outcome.evidence}})
-    data["run"] = run_info | {"passed": counts["fail"] == 0 and counts["error"] == 0, "counts": counts}
+    failed = counts["fail"] or counts["error"]
+    data["run"] = run_info | {"passed": not failed and not counts["inconclusive"], "counts": counts,
+                              "outcome": "failed" if failed else "inconclusive" if counts["inconclusive"] else "passed"}
     data["items"] = items
     return data
 

@@ -1,6 +1,11 @@
 """Errors a user can cause. The CLI prints their message and exits with status 2."""
 
 
+# The exit status of a command whose rows neither all passed nor any failed: at least one row could not be judged
+# (`inconclusive` in report.json: a gate that cannot tell on these weights, see ditgate.run.judge.volatility).
+EXIT_INCONCLUSIVE = 3
+
+
 class DitgateError(Exception):
     """Base class: a problem with the user's input, explained in the message."""
 

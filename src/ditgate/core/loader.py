@@ -132,16 +132,31 @@ def check_device(device: str | None) -> None:
             raise DitgateError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
+def check_module_name(module_name: str, class_name: str, origin: str) -> None:
+    """Refuse, without importing anything, a module name that is not an absolute dotted name (`..evil`) or that
+    names a module of Python's standard library (`this`, `os`): neither holds a pipeline, and importing them runs
+    code for nothing."""
+    import sys
+
+    if not all(part.isidentifier() for part in module_name.split(".")):
+        raise PipelineClassError(f"module {module_name!r} for pipeline class {class_name!r} ({origin}) is not an "
+                                 "absolute module name (dotted Python identifiers)")
+    if module_name.split(".")[0] in sys.stdlib_module_names:
+        raise PipelineClassError(f"module {module_name!r} ({origin}) is part of Python's standard library, not a "
+                                 f"package with a pipeline class {class_name!r}")
+
+
 def _import_class(module_name: str, class_name: str, origin: str):
+    check_module_name(module_name, class_name, origin)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise PipelineClassError(f"cannot import module {module_name!r} for pipeline class {class_name!r} "
                                  f"({origin}): {exc}") from exc
-    try:
-        return getattr(module, class_name)
-    except AttributeError:
-        raise PipelineClassError(f"module {module_name!r} has no class {class_name!r} ({origin})") from None
+    found = getattr(module, class_name, None)
+    if not isinstance(found, type):
+        raise PipelineClassError(f"module {module_name!r} has no class {class_name!r} ({origin})")
+    return found
 
 
 def _import_file_class(file: Path, class_name: str):
@@ -196,6 +211,7 @@ def pipeline_class(path: Path, index: dict[str, Any], pipeline: str | None = Non
         if not (isinstance(module_name, str) and isinstance(class_name, str)):
             raise PipelineClassError(f"{path / 'model_index.json'}: _class_name must be a class name or a "
                                      f"[module, Class] pair of strings, got {name!r}")
+        check_module_name(module_name, class_name, "named in model_index.json")
         local = path / f"{module_name}.py"
         if _local_module(module_name, path) or (local.is_file() and not_installed(module_name)):
             if not trust_remote_code:

@@ -68,7 +68,9 @@ def parse_call_options(items: list[str] | None) -> dict[str, Any]:
             raise DitgateError(f"--call {item!r}: expected KEY=VALUE with KEY a Python identifier")
         try:
             call[key] = json.loads(text)
-        except ValueError:
+        except ValueError as exc:
+            if text.lstrip()[:1] in ("[", "{"):  # meant as a list or mapping: passing it on as a string would fail
+                raise DitgateError(f"--call {item!r}: the value is not valid JSON ({exc})") from None
             call[key] = text
     return call
 

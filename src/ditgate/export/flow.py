@@ -133,7 +133,12 @@ def plan(model, integration: Path, to: Path, out: Path | None, rows: list[str] |
             names, model_id or _model_id(model), twin.modality, module, model.request.call,
             model.trust_remote_code, bool(model.request.image_key))
     if entry:
-        tree.append(EXAMPLES, f"{names.marker(integration.name)}\n{entry}")
+        block = f"{names.marker(integration.name)}\n{entry}"
+        current = tree.current(EXAMPLES)
+        if f'ExampleRegister.register("{names.slug}"' in current.replace(block, ""):
+            raise ExportError(f"{tree.root} already registers the example {names.slug!r} ({EXAMPLES}): export into "
+                              "a tree without it")
+        tree.append(EXAMPLES, block)
     elif why_not:
         result.upstream.append(f"no cache-dit-generate example: {why_not}")
     return result

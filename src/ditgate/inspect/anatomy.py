@@ -348,10 +348,11 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
     return anatomy
 
 
-def inspect_model(model, log=None) -> Anatomy:
+def inspect_model(model, log=None, on_load=None) -> Anatomy:
     """Load `model` (a ditgate.core.model.Model; a folder or `zoo:NAME` is opened with its defaults) and return its
     anatomy, observed on the model's call. A call that falls back to the pipeline's default size or steps and is
-    estimated (from its FLOP count) to take long on a CPU is announced through `log` before it runs."""
+    estimated (from its FLOP count) to take long on a CPU is announced through `log` before it runs. `on_load` is
+    called with the loaded pipeline before the observed run (to add hooks of one's own)."""
     from ditgate.core.model import Model
     from ditgate.inspect.plan import call as plan_call
 
@@ -359,6 +360,8 @@ def inspect_model(model, log=None) -> Anatomy:
         model = Model.open(model)
     pipe = model.load()
     call, dropped = build_call(pipe, model.request)
+    if on_load is not None:
+        on_load(pipe)
     if log is not None:
         warning = plan_call.default_cost(model, pipe, call, _announce_above())
         if warning:

@@ -16,6 +16,13 @@ class GateFailed(DitgateError):
         return [f"GateFailed: {self}"]
 
 
+class GateInconclusive(GateFailed):
+    """A phase's gate could not judge a row (status `inconclusive`: neither passed nor failed); the message says why."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"GateInconclusive: {self}"]
+
+
 class NotebookError(DitgateError):
     """A notebook cannot be run as asked: unknown name, unknown or mistyped parameter, no Jupyter kernel."""
 

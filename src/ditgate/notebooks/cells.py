@@ -27,7 +27,7 @@ from ditgate.core import request as request_mod
 from ditgate.run.exec import files as store
 from ditgate.core.errors import DitgateError
 from ditgate.notebooks.catalog import NOTEBOOKS, ROW_PHASE
-from ditgate.notebooks.catalog import GateFailed
+from ditgate.notebooks.catalog import GateFailed, GateInconclusive
 from ditgate.notebooks.display import captured
 
 
@@ -257,10 +257,12 @@ def _run_result(phase: str, data: dict[str, Any], out_dir: Path) -> dict[str, An
     rows = [{k: r.get(k) for k in _ROW_KEYS if k in r} for r in data["rows"]]
     reasons = [f"{r['name']}: {'; '.join(r['reasons']) or r['status']}" for r in rows
                if r["status"] not in ("passed", "reference", "refused")]
+    unjudged = bool(reasons) and all(r["status"] in ("passed", "reference", "refused", "inconclusive") for r in rows)
     reasons += [f"{r['name']}: the reference output contains NaN or Inf" for r in rows
                 if r["status"] == "reference" and _not_finite(Path(data["run_dir"]), r["name"])]
     result = {"model": data["model"], "passed": bool(data["passed"]) and not reasons, "reasons": reasons,
-              "run_dir": data["run_dir"], "gates": data.get("gates"), "rows": rows}
+              "run_dir": data["run_dir"], "gates": data.get("gates"), "rows": rows,
+              "inconclusive": unjudged and len(reasons) == sum(r["status"] == "inconclusive" for r in rows)}
     if phase == "final":
         earlier = collect(out_dir)
         result["phases"] = {p: r["passed"] for p, r in earlier.items()}
@@ -277,7 +279,10 @@ def finish(phase: str, data: Any, out_dir: Path) -> dict[str, Any]:
     result = {"phase": phase, **body}
     path = Path(out_dir) / f"{phase}.json"
     store.write_json(path, result)
-    print(f"{phase}: {'PASSED' if result['passed'] else 'FAILED'} -> {path}")
+    print(f"{phase}: {'PASSED' if result['passed'] else 'INCONCLUSIVE' if result.get('inconclusive') else 'FAILED'} "
+          f"-> {path}")
+    if not result["passed"] and result.get("inconclusive"):
+        raise GateInconclusive(f"{phase} could not be judged: " + " | ".join(result["reasons"]))
     if not result["passed"]:
         raise GateFailed(f"{phase} gate failed: " + " | ".join(result["reasons"] or ["(no reason recorded)"]))
     return result

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 from ditgate.core import logs
 from ditgate.run.exec import files as store
-from ditgate.notebooks.catalog import GateFailed, Notebook, NotebookError
+from ditgate.notebooks.catalog import GateFailed, GateInconclusive, Notebook, NotebookError
 
 
 def choose_kernel(requested: str | None, available: dict[str, str] | None = None) -> str:
@@ -114,7 +114,8 @@ def run_notebooks(notebooks: list[Notebook], out_dir: Path, given: dict[str, str
             status, reason = "passed", ""
         except PapermillExecutionError as exc:
             ename, evalue = failure(output) or (exc.ename, exc.evalue)
-            status, reason = ("failed" if ename == GateFailed.__name__ else "error"), f"{ename}: {evalue}"
+            status = {GateFailed.__name__: "failed", GateInconclusive.__name__: "inconclusive"}.get(ename, "error")
+            reason = f"{ename}: {evalue}"
         except Exception as exc:  # noqa: BLE001 - the kernel died or could not start: recorded, the run goes on
             status, reason = "error", f"{type(exc).__name__}: {exc}"
         outcome = Outcome(nb.stem, status, round(time.perf_counter() - start, 1), reason, str(output),

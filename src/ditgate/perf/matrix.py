@@ -154,6 +154,7 @@ def matrix(report: dict[str, Any], tier: str, warmup: int, repeats: int,
         "run_dir": report["run_dir"], "flops": report.get("flops"),
         "prediction_note": prediction_note or report.get("prediction_note"),
         "passed": all(r["status"] == "passed" for r in ran),
+        "outcome": report.get("outcome") or ("passed" if all(r["status"] == "passed" for r in ran) else "failed"),
         "far_below": FAR_BELOW, "rows": rows,
     }
 
@@ -165,10 +166,12 @@ def markdown(data: dict[str, Any]) -> str:
     call = data["request"]["call"]
     size = size_text(call)
     bad = [r["name"] for r in data["rows"] if r["status"] in ("failed", "error")]
-    verdict = f"failed: {', '.join(bad)}" if bad else "every row that ran passed its gate"
+    unjudged = [r["name"] for r in data["rows"] if r["status"] == "inconclusive"]
+    verdict = (f"failed: {', '.join(bad)}" if bad else f"could not judge: {', '.join(unjudged)}" if unjudged
+               else "every row that ran passed its gate")
     lines = [
         f"# ditgate matrix: {data['model']} (tier {data['tier']})", "",
-        f"- verdict: **{'PASS' if data['passed'] else 'FAIL'}** ({verdict})",
+        f"- verdict: **{'PASS' if data['passed'] else 'INCONCLUSIVE' if unjudged and not bad else 'FAIL'}** ({verdict})",
         f"- size {size or 'the pipeline default'}, {steps_text(data['request'])}, {data['dtype']} on "
         f"{data['device']}; warm-up {data['warmup']}, {data['repeats']} timed repeats, median latency",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()),
@@ -196,6 +199,9 @@ def markdown(data: dict[str, Any]) -> str:
     failed = [r for r in data["rows"] if r["status"] in ("failed", "error")]
     if failed:
         lines += ["", "## Why rows failed", ""] + [f"- **{r['name']}**: " + "; ".join(r["reasons"]) for r in failed]
+    if unjudged:
+        lines += ["", "## Rows that could not be judged (inconclusive)", ""] + [
+            f"- **{r['name']}**: " + "; ".join(r["reasons"]) for r in data["rows"] if r["status"] == "inconclusive"]
     slow = [r for r in data["rows"] if r["far_below"]]
     if slow:
         lines += ["", f"## Speedups far below the prediction (under {FAR_BELOW:g} of it)", ""]
@@ -254,7 +260,7 @@ def plot(data: dict[str, Any], path: Path, gates: dict[str, float] | None = None
     figure = Figure(figsize=(10, 5.5), dpi=110)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    colours = {"passed": "tab:green", "failed": "tab:red", "error": "tab:red"}
+    colours = {"passed": "tab:green", "failed": "tab:red", "error": "tab:red", "inconclusive": "tab:orange"}
     handles = []
     for i, r in enumerate(points, 1):
         x = psnr_of(r) if math.isfinite(psnr_of(r)) else cap

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import itertools
 import os
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -24,11 +23,12 @@ from ditgate.core import logs
 from ditgate.run.progress import Lines, planned
 from ditgate.run.exec import files as store
 from ditgate.run.judge.gating import audio_floor, judge_row
-from ditgate.run.judge.variants import fold as fold_variants
+from ditgate.run import twinned
+from ditgate.run.judge import variants, volatility
 from ditgate.core.errors import DitgateError
 from ditgate.core.model import Model
 from ditgate.run.exec.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
-                                copy_finished_rows, default_out, prepare)
+                                copy_finished_rows, default_out, prepare, versions)
 from ditgate.run.exec.folder import done as _done
 from ditgate.run.define.rows import Row
 
@@ -86,21 +86,6 @@ class RowState:
                 and (self.twin is None or self.twin["status"] != "failed"))
 
 
-def _versions() -> dict[str, str]:
-    import cache_dit
-    import diffusers
-    import torch
-    import transformers
-
-    from ditgate.core.logs import library_logs_to_stderr
-
-    library_logs_to_stderr()  # cache-dit logs to stdout; stdout is the report's (--json)
-
-    return {"torch": torch.__version__, "diffusers": diffusers.__version__,
-            "transformers": transformers.__version__, "cache_dit": cache_dit.__version__,
-            "cache_dit_from": str(Path(cache_dit.__file__).parent), "python": sys.version.split()[0]}
-
-
 def preflight(cfg: RunConfig, row: Row) -> str | None:
     """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.run.define.preflight)."""
     from ditgate.run.define import preflight as checks
@@ -115,7 +100,7 @@ class Runner:
         self.profile = profile  # ditgate.inspect.flops.profile.Profile at the request's size; counted when the report needs it
         check_options(cfg)
         self.model_path = cfg.model.path
-        self.run_dir, self._lock = prepare(cfg, _versions)
+        self.run_dir, self._lock = prepare(cfg, versions)
         self.states = {row.name: RowState(row) for row in cfg.rows}
         self.progress = progress or logs.progress
         if cfg.launch not in LAUNCHES:
@@ -143,8 +128,6 @@ class Runner:
         self._record(self.states[row.name], save_error(self.run_dir, row, {"message": message, **extra}))
 
     def run(self) -> dict[str, Any]:
-        from ditgate.run import twinned
-
         if twinned.wanted(self.cfg.twin, self.model.dtype):  # structure first: the float32 twin, then the model
             self.twin_record = twinned.run_twin(self.cfg, self.run_dir, run, self.progress)
         pending = []
@@ -358,7 +341,6 @@ class Runner:
     # -- judging and reporting -------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
         from ditgate.core.errors import NonFiniteError
-        from ditgate.run import twinned
         from ditgate.run.report import run_report as report
 
         for state in self.states.values():
@@ -369,8 +351,9 @@ class Runner:
                 state.reasons.append(f"cannot be judged: {exc}; its reference {state.row.baseline!r} produced "
                                      f"non-finite values without the feature (the model or its call is broken: "
                                      f"check the weights, the dtype and the call)")
-        fold_variants(self.states)  # a lossy row over several prompts and seeds: each gate on its worst case
+        variants.fold(self.states)  # a lossy row over several prompts and seeds: each gate on its worst case
         twinned.merge(self.states, self.twin_record)
+        volatility.settle(self.states, self.gate_table())  # after every verdict: it reads them all
         audio_floor(self)  # the calibration row's measurement shows in the report even without an audio row gated
         if self.cfg.diff:
             from ditgate.run.diff.compare import diagnose
@@ -402,14 +385,14 @@ class Runner:
         return getattr(self, "_gate_table", None)
 
 
-
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None) -> dict[str, Any]:
     """Run every row of `cfg` and write the report; returns the report (see ditgate.run.report.run_report).
 
     `profile`: the FLOP profile at the request's size when the caller has one (else counted when needed)."""
-    from ditgate.run import twinned
+    from ditgate.run.judge.gating import check_judgeable_size
 
     twinned.check_mode(cfg.twin)
+    check_judgeable_size(cfg.model.request.call)
     if cfg.twin == "only":
         return twinned.only(cfg, run, progress or logs.progress)
     runner = Runner(cfg, progress, profile)

@@ -91,7 +91,7 @@ def run_twin(cfg, run_dir: Path, run: Callable, progress: Callable[[str], None])
         progress(f"twin: running {len(chosen)} row(s) on the twin in float32 (CPU): {', '.join(record['rows'])}")
         report = run(sub, progress=lambda line: progress(f"twin {line}"))
     except Exception as exc:  # noqa: BLE001 - a twin that cannot be built or run judges nothing, and says why
-        return record | {"status": "unjudged", "detail": f"{type(exc).__name__}: {exc}",
+        return record | {"status": "inconclusive", "detail": f"{type(exc).__name__}: {exc}",
                          "traceback": traceback.format_exc(), "wall_s": round(time.perf_counter() - start, 2)}
     record.update(status="ran", report=str(Path(report["run_dir"]) / "report.md"),
                   wall_s=round(time.perf_counter() - start, 2))
@@ -101,7 +101,7 @@ def run_twin(cfg, run_dir: Path, run: Callable, progress: Callable[[str], None])
 
 
 def verdict(row: dict[str, Any]) -> dict[str, Any]:
-    """The twin's verdict on one of its rows (a report.json row): passed, failed, or unjudged, with the reasons."""
+    """The twin's verdict on one of its rows (a report.json row): passed, failed, or inconclusive, with the reasons."""
     if row["status"] == "error":
         return {"status": "failed", "reasons": row["reasons"][:2] or ["the row did not run on the twin"]}
     v = row.get("verdict") or {}
@@ -109,7 +109,7 @@ def verdict(row: dict[str, Any]) -> dict[str, Any]:
     if row["phase"] == "cache":
         off = v.get("cache_off")
         if off is None:
-            return {"status": "unjudged", "reasons": ["the caching-off check did not run on the twin"] + failed}
+            return {"status": "inconclusive", "reasons": ["the caching-off check did not run on the twin"] + failed}
         if not off["passed"]:
             failed.insert(0, off["detail"])
         shown = {"cache_off_max_abs": off.get("max_abs")}
@@ -121,27 +121,27 @@ def verdict(row: dict[str, Any]) -> dict[str, Any]:
         return {"status": "failed", "reasons": failed, "metrics": shown}
     discriminates = v.get("discriminates")
     if discriminates is not None and not discriminates.get("passed"):
-        return {"status": "unjudged", "metrics": shown,
+        return {"status": "inconclusive", "metrics": shown,
                 "reasons": [f"the twin's gate cannot tell a broken model apart: {discriminates.get('detail')}"]}
     return {"status": "passed", "reasons": [], "metrics": shown}
 
 
 def merge(states: dict[str, Any], record: dict[str, Any] | None) -> None:
     """Put the twin's verdict on every row it judges (`RowState.twin`); a twin that could not run leaves each of them
-    unjudged, with the reason."""
+    inconclusive, with the reason."""
     if not record or record.get("status") == "no rows" or record.get("mode") == "only":
         return
     for state in states.values():
         if not covers(state.row):
             continue
         if record.get("status") != "ran":
-            state.twin = {"status": "unjudged", "reasons": [f"the twin could not run: {record.get('detail')}"]}
+            state.twin = {"status": "inconclusive", "reasons": [f"the twin could not run: {record.get('detail')}"]}
         else:
             state.twin = record["verdicts"].get(state.row.name) or {
-                "status": "unjudged", "reasons": ["the row did not run on the twin"]}
+                "status": "inconclusive", "reasons": ["the row did not run on the twin"]}
         if state.twin["status"] == "failed":
             state.reasons.insert(0, "twin (float32): " + "; ".join(state.twin["reasons"][:2]))
-        elif state.twin["status"] == "unjudged":
+        elif state.twin["status"] == "inconclusive":
             state.reasons.append("twin: could not judge: " + "; ".join(state.twin["reasons"][:1]))
 
 

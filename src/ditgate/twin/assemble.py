@@ -21,7 +21,7 @@ from ditgate.twin.meta import TRANSFORMERS, TwinError, count, is_int, on_meta, o
 from ditgate.twin.source import WEIGHT_SUFFIXES, Component, Source
 from ditgate.twin.summary import Twin
 
-FORMAT = 1  # bump when what a twin holds changes: cached twins are then built again
+FORMAT = 2  # bump when what a twin holds changes: cached twins are then built again
 MAX_TWIN_PARAMS = 20 * 10**9  # 80 GB of float32: more than a twin of any released model holds
 
 
@@ -59,6 +59,8 @@ def assemble(source: Source, staging: Path, final: Path, *, seed: int, log: Call
              "encoder" for k, v in layer_args.items()]
     given = dict(call or {})
     base = call_mod.base_call(dict(source.meta.get("call") or {}), layer_args, given)
+    if "prompt" not in given and not call_mod.takes(source.pipeline_cls, "prompt"):
+        base.pop("prompt", None)  # a class-conditioned pipeline (DiTPipeline takes class_labels)
     (staging / "ditgate.json").write_text(json.dumps({"call": base, "vae_tiling": {}}, indent=2) + "\n")
     choice = call_mod.choose(staging, base, pipeline=source.pipeline, trust_remote_code=source.trust_remote_code,
                              log=log, given=frozenset(given), frames=frames)
@@ -132,7 +134,8 @@ def _model(component: Component, out: Path, seed: int, tok, needs: text.Needs, i
     else:
         log(f"{component.name}: finding its block lists ({component.class_name})")
         plan = cut_mod.plan(component.cls, component.library, config, what,
-                            min_layers=needs.layers if is_encoder else 1, need_reason=needs.reason)
+                            min_layers=needs.layers if is_encoder else 1, need_reason=needs.reason,
+                            denoiser=component.name.startswith("transformer"))
         config = plan.config
         summary.update(cuts=[c.to_dict() for c in plan.cuts], params_source=plan.params_source,
                        changes={k: list(v) for k, v in plan.changes.items()}, whole_lists=plan.whole)

@@ -59,6 +59,15 @@ def base_call(source_call: dict[str, Any], layer_args: dict[str, Any], given: di
     return call
 
 
+def takes(pipeline_cls, name: str) -> bool:
+    """Whether the pipeline's `__call__` takes `name` (a call taking **kwargs, a modular pipeline's, takes all)."""
+    try:
+        params = inspect.signature(pipeline_cls.__call__).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def choose(folder: Path, call: dict[str, Any], *, pipeline: str | None, trust_remote_code: bool,
            log: Callable[[str], None], given: frozenset[str] = frozenset(), frames: int | None = None) -> Choice:
     """Fit `call` on the twin at `folder` (its ditgate.json is rewritten as the search goes) and check it. The

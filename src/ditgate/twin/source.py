@@ -145,6 +145,7 @@ def _class(path: Path, name: str, library: str, class_name: str, trust_remote_co
                                     "folder; read it, then pass --trust-remote-code")
                 return loader._import_file_class(candidate, class_name)
         try:
+            loader.check_module_name(library, class_name, f"component {name}")
             module = importlib.import_module(library)
         except ImportError as exc:
             raise TwinError(f"component {name}: cannot import {library!r} for {class_name} ({exc})") from None

@@ -217,4 +217,8 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         raise DitgateError(f"cannot read {meta_path}: {exc}") from None
     if not isinstance(meta, dict):
         raise DitgateError(f"{meta_path} holds a JSON {type(meta).__name__}, not an object")
+    for key in ("call", "vae_tiling"):  # mappings of arguments (README: "The model folder's ditgate.json")
+        if key in meta and not isinstance(meta[key], dict):
+            raise DitgateError(f"{meta_path}: \"{key}\" must be an object of arguments, got a JSON "
+                               f"{type(meta[key]).__name__}")
     return meta

@@ -15,7 +15,7 @@ from pathlib import Path
 
 HELP = "run a phase's checklist (automated items checked, manual items listed) and write a filled-in copy"
 
-_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL"}
+_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL", "inconclusive": "INCONCL"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +31,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--integration", type=Path, metavar="FILE",
                         help="plugin file: block_adapter / cp_plan / tp_plan for a model cache-dit does not know")
     add_twin_argument(parser)
+    parser.add_argument("--cache-config", nargs="+", metavar="KEY=VALUE",
+                        help="the cache rows' configuration, as `ditgate run --cache-config` takes it (e.g. "
+                             "Fn_compute_blocks=2 max_warmup_steps=4): a cache phase that needs its own schedule")
     parser.add_argument("--out", type=Path, help="run folder for the rows and the filled-in checklists (new or "
                         "empty; default: a new folder under runs/)")
     parser.add_argument("--from-run", type=Path, metavar="RUN",
@@ -83,7 +86,8 @@ def render(filled: dict, path: Path) -> str:
     for item in filled["items"]:
         result = item["result"]
         lines.append(f"  {_MARK[result['status']]:<7} {item['id']:<28} {result['evidence']}")
-    lines.append(f"  {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors, "
+    unjudged = f"{counts['inconclusive']} inconclusive, " if counts.get("inconclusive") else ""
+    lines.append(f"  {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors, {unjudged}"
                  f"{counts['manual']} to check by hand -> {path}")
     return "\n".join(lines) + "\n"
 
@@ -102,9 +106,11 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.commands.model.options import model_from
 
     checklists = [load(name) for name in _names(args.phase)]
+    from ditgate.run.define.rows import parse_cache_config
+
     opts = RunOptions(model=model_from(args), integration=args.integration, twin=args.twin, out=args.out,
-                      timeout=args.timeout,
-                      from_run=args.from_run)
+                      timeout=args.timeout, from_run=args.from_run,
+                      cache_config=parse_cache_config(args.cache_config))
     with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result
         filled = run_checklists(checklists, opts)
     paths = [write_filled(f) for f in filled]
@@ -116,4 +122,8 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps([f | {"file": str(p)} for f, p in zip(filled, paths)], indent=2, default=str))
     else:
         sys.stdout.write("\n".join(render(f, p) for f, p in zip(filled, paths)))
-    return 0 if all(f["run"]["passed"] for f in filled) else 1
+    if all(f["run"]["passed"] for f in filled):
+        return 0
+    from ditgate.core.errors import EXIT_INCONCLUSIVE
+
+    return 1 if any(f["run"].get("outcome") == "failed" for f in filled) else EXIT_INCONCLUSIVE

@@ -31,7 +31,10 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.run.diff.report import markdown
     from ditgate.run.runner import default_out
 
+    if not args.row.strip() or "," in args.row:
+        raise DitgateError(f"--row {args.row!r}: name one row (ditgate run MODEL --list-rows shows them)")
     base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
+    args.row = args.row.strip()
     chosen = {r.name: r for r in rows_mod.select(base, args.row)}
     row = chosen[args.row]
     if not row.baseline:

@@ -65,4 +65,6 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(perf.markdown(data), end="")
         print(f"\nmatrix: {run_dir / 'matrix.md'}  (JSON: matrix.json, plot: speedup_vs_psnr.png)")
-    return 0 if data["passed"] else 1
+    from ditgate.commands.model.run import exit_status
+
+    return exit_status(data)

@@ -1,7 +1,8 @@
 """`ditgate notebook run PHASE|all MODEL` (or `--model MODEL`): execute the phase notebooks with papermill, in order.
 
 `ditgate notebook list` prints the notebooks and their parameters. Exit status of `run`: 0 when every notebook
-passed, 1 when one failed (its gate) or raised, 2 on bad input.
+passed, 1 when one failed (its gate) or raised, 3 when none did but a gate could not judge a row (inconclusive), 2 on
+bad input.
 """
 
 from __future__ import annotations
@@ -67,4 +68,8 @@ def main(args: argparse.Namespace) -> int:
                              keep_going=args.keep_going)
     print(summary(outcomes), end="")
     print(f"\nexecuted notebooks and results: {out.resolve()}")
-    return 0 if all(o.status == "passed" for o in outcomes) else 1
+    if all(o.status == "passed" for o in outcomes):
+        return 0
+    from ditgate.core.errors import EXIT_INCONCLUSIVE
+
+    return EXIT_INCONCLUSIVE if all(o.status in ("passed", "inconclusive") for o in outcomes) else 1

@@ -115,4 +115,14 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(report_mod.markdown(report), end="")
         print(f"\nreport: {Path(report['run_dir']) / 'report.md'}")
-    return 0 if report["passed"] else 1
+    return exit_status(report)
+
+
+def exit_status(report: dict) -> int:
+    """0: every row passed; 1: a row failed or did not run; 3 (EXIT_INCONCLUSIVE): none did, but a row could not be
+    judged."""
+    from ditgate.core.errors import EXIT_INCONCLUSIVE
+
+    if report["passed"]:
+        return 0
+    return EXIT_INCONCLUSIVE if report.get("outcome") == "inconclusive" else 1

@@ -41,9 +41,15 @@ def _given(args: argparse.Namespace) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     from ditgate import twin
+    from ditgate.core.model import Model
 
+    call = _given(args)
+    # the call the user fixed is fitted to the pipeline's signature before anything is built (a --frames the
+    # pipeline does not take, a height that is a word): refused in one line, not after the build
+    Model.open(args.model, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code, call=call,
+               frames=args.frames)
     made = twin.build(args.model, args.out, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
-                      seed=args.seed, call=_given(args), frames=args.frames, overwrite=args.overwrite,
+                      seed=args.seed, call=call, frames=args.frames, overwrite=args.overwrite,
                       quiet=args.json)
     if args.json:
         print(json.dumps(made.to_dict(), indent=2, default=str))

@@ -199,6 +199,37 @@ def _check_types(row: Row, where: str) -> None:
             raise _type_error(where, n, f"parallel.{key}", "true or false", value)
     if row.cache is not None and "mask" in row.cache and isinstance(row.cache["mask"], bool):
         raise _type_error(where, n, "cache.mask", "'alternate' or a list of 1 and 0", row.cache["mask"])
+    if isinstance(row.cache, dict):
+        _check_cache_values(row.cache, where, n)
+
+
+# cache-dit 1.5.3 asserts these when a cached forward starts (caching/cache_contexts/cache_manager.py): refused here,
+# before any row runs, instead of failing the row.
+_CACHE_MINIMUM = {"Fn_compute_blocks": 1}
+
+
+def _check_cache_values(cache: dict[str, Any], where: str, name: str) -> None:
+    """Each value of cache-dit's own DBCacheConfig fields of the type its default has (a number where a number is
+    expected, true/false where a flag is), and not below what cache-dit accepts (0; -1 where the default -1 means
+    no limit; `_CACHE_MINIMUM`). Fields whose default is None take any value cache-dit takes."""
+    import cache_dit
+
+    defaults = {f.name: f.default for f in dataclasses.fields(cache_dit.DBCacheConfig)}
+    for key, value in cache.items():
+        default = defaults.get(key, dataclasses.MISSING)
+        if key in _CACHE_EXTRAS or default is dataclasses.MISSING or default is None:
+            continue
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise _type_error(where, name, f"cache.{key}", "true or false", value)
+        elif isinstance(default, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    isinstance(default, int) and not isinstance(value, int)):
+                raise _type_error(where, name, f"cache.{key}", "an integer" if isinstance(default, int) else
+                                  "a number", value)
+            least = _CACHE_MINIMUM.get(key, -1 if default == -1 else 0)  # -1: cache-dit's "no limit"
+            if value < least:
+                raise _type_error(where, name, f"cache.{key}", f"at least {least}", value)
 
 
 def _check(row: Row, where: str = "") -> Row:

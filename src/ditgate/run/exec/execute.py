@@ -40,7 +40,8 @@ from ditgate.core.model import Model
 from ditgate.core.request import Request
 from ditgate.run.exec.outputs import decoded
 from ditgate.run.define.configs import cache_config, parallelism_config, quantize_config
-from ditgate.run.define.rows import Row
+from ditgate.run.define.rows import CACHE_OFF_SUFFIX, Row
+from ditgate.run.exec.probes import ResidualChange
 
 
 WAV_FILE = "output.wav"  # audio rows: the waveform as 16-bit PCM, next to output.npy
@@ -199,7 +200,7 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
     if integration is not None:
         unregister = integration.register_planners([type(t).__name__ for t in transformers_of(pipe).values()])
     snapshot = ClassSnapshot.of(pipe)
-    target, perturbation, times = None, None, []
+    target, perturbation, times, volatility = None, None, [], None
     # the uncached single-process rows (the baseline) measure how fast the transformer's output moves between steps
     probes = Probes(watch_change=not row.cache and row.world_size == 1 and row.perturb is None)
     try:
@@ -208,9 +209,13 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
         if row.perturb is not None:  # before the probes: their output hook records the perturbed output
             perturbation = OutputNoise(row.perturb, request.seed).attach(pipe)
         probes.attach(pipe, compiled=bool(row.compile))
+        if row.name.endswith(CACHE_OFF_SUFFIX):  # caching off, every step computed: how fast its residuals change
+            volatility = ResidualChange(probes.scheduler_steps).attach(pipe)
         for i in range(warmup + repeats):
             stage("compile" if row.compile and i == 0 else "generate")
             probes.reset()
+            if volatility is not None:
+                volatility.reset()
             if perturbation is not None:
                 perturbation.reset()  # every call draws the same perturbation, whatever --warmup/--repeats say
             if device.startswith("cuda"):
@@ -229,6 +234,8 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
         facts = probes.facts(request.steps)
         facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else plugin.declared_split_dims()
         facts["cache"] = _cache_stats(target) if row.cache else None
+        if volatility is not None:
+            facts["residual_change"] = volatility.summary()
         if modular.is_modular_class(type(pipe)):
             facts["modular"] = modular_rows.row_facts(pipe, target if row.cache else None)
         facts["sharded"] = {name: sharded_weights(m) for name, m in _components(pipe).items()} if row.parallel else {}
@@ -248,6 +255,8 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
                        first_step=None if probes.first_output is None else probes.first_output.numpy())
     finally:
         probes.detach()
+        if volatility is not None:
+            volatility.detach()
         if perturbation is not None:
             perturbation.detach()
         if target is not None and row.cache:

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,19 @@ def done(run_dir: Path, row: Any, resume: bool) -> dict[str, Any] | None:
             and result.get("fingerprint") == row.fingerprint()):
         return None
     return result if store.outputs_readable(run_dir, row.name) else None
+
+
+def versions() -> dict[str, str]:
+    """The library versions a run records (run.json, report.json), and where cache-dit was imported from."""
+    import cache_dit
+    import diffusers
+    import torch
+    import transformers
+
+    from ditgate.core.logs import library_logs_to_stderr
+
+    library_logs_to_stderr()  # cache-dit logs to stdout; stdout is the report's (--json)
+
+    return {"torch": torch.__version__, "diffusers": diffusers.__version__,
+            "transformers": transformers.__version__, "cache_dit": cache_dit.__version__,
+            "cache_dit_from": str(Path(cache_dit.__file__).parent), "python": sys.version.split()[0]}

@@ -16,6 +16,7 @@ block calls it eagerly. Attaching the probes once per row keeps compiled code's 
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ class Probes:
     """Counters and captures of one pipeline call; `facts()` is what gets stored in the row result."""
 
     last_block_calls: dict[str, int] = field(default_factory=dict)
+    block_calls: dict[str, list[int]] = field(default_factory=dict)  # calls of every block of each list
     block_seq_len: dict[str, int] = field(default_factory=dict)
     block_shapes: dict[str, list[list[int]]] = field(default_factory=dict)  # shapes block 0 of each list returned
     transformer_calls: int = 0
@@ -58,6 +60,7 @@ class Probes:
     def reset(self) -> None:
         """Forget what the previous call recorded; the hooks stay attached."""
         self.last_block_calls = {k: 0 for k in self.last_block_calls}
+        self.block_calls = {k: [0] * len(v) for k, v in self.block_calls.items()}
         self.block_seq_len.clear()
         self.block_shapes.clear()
         self.calls_by_transformer = {k: 0 for k in self.calls_by_transformer}
@@ -82,6 +85,9 @@ class Probes:
                 key = f"{tname}.{lname}"
                 self.last_block_calls[key] = 0
                 self._handles.append(blocks[-1].register_forward_hook(eager(self._counter(key))))
+                self.block_calls[key] = [0] * len(blocks)
+                for i, block in enumerate(blocks):  # a cache with Bn_compute_blocks > 0 skips middle blocks only
+                    self._handles.append(block.register_forward_hook(eager(self._block_counter(key, i))))
                 self._handles.append(blocks[0].register_forward_hook(eager(self._seq_len(key))))
         self._steps = SchedulerSteps(pipe).__enter__()
         decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
@@ -150,6 +156,11 @@ class Probes:
             self.last_block_calls[key] += 1
         return hook
 
+    def _block_counter(self, key, index):
+        def hook(module, args, output):
+            self.block_calls[key][index] += 1
+        return hook
+
     def _seq_len(self, key):
         # Tokens leaving the first block: a context-parallel plan may split at the transformer's entry or at the
         # first block itself (a hook inside its forward), so the block's output is where a split is always visible.
@@ -164,6 +175,11 @@ class Probes:
 
     def _on_decoder(self, module, args, output):
         self.decoder_calls += 1
+
+    @property
+    def scheduler_steps(self) -> SchedulerSteps | None:
+        """The scheduler's step count of the call (ditgate.core.steps), for other probes keyed by step."""
+        return self._steps
 
     def transformer_time(self) -> float | None:
         """Seconds spent in transformer calls (call after the device finished: run_row synchronizes first)."""
@@ -216,6 +232,7 @@ class Probes:
     def facts(self, steps: int | None) -> dict[str, Any]:
         return {
             "last_block_calls": dict(self.last_block_calls),
+            "block_calls": {k: list(v) for k, v in self.block_calls.items()},
             "block_seq_len": dict(self.block_seq_len),
             "block_shapes": {k: [list(s) for s in v] for k, v in self.block_shapes.items()},
             "transformer_calls": self.transformer_calls,
@@ -273,3 +290,103 @@ def compiled_modules(module: torch.nn.Module) -> int:
     """Submodules of `module` (itself included) that torch.compile wrapped (`Module.compile()` or OptimizedModule)."""
     return sum(1 for m in module.modules() if getattr(m, "_compiled_call_impl", None) is not None
                or type(m).__name__ == "OptimizedModule")
+
+
+# -- how fast the residual a cache reuses changes -------------------------------------------------------------------
+# A block cache (DBCache) computes the front blocks of a step and reuses, for the rest, the residual (output minus
+# input) those blocks added at the last computed step. That only works when the residual changes little between
+# steps: on trained DiTs it does (cache-dit's default decision threshold on the relative change is 0.08), on freshly
+# initialised weights it may change by more than its own size every step, and then no cache configuration can pass a
+# latent gate however right the adapter is. ResidualChange measures, on a cache row's caching-off twin (adapter
+# applied, nothing cached: proven equal to the baseline), for every block
+# list of every transformer, the relative L1 change of the list's residual (the hidden states leaving its last block
+# minus those entering its first block) between consecutive steps, for each transformer call of a step separately
+# (a separate classifier-free-guidance call is compared with its own previous call). `summary()` is stored in the
+# row's facts as `residual_change`; ditgate.run.judge.volatility reads it.
+
+
+def _hidden_in(args, kwargs) -> torch.Tensor | None:
+    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        return kwargs["hidden_states"]
+    return next((a for a in args if isinstance(a, torch.Tensor)), None)
+
+
+def _hidden_out(output, like: torch.Tensor) -> torch.Tensor | None:
+    """The output tensor in the input's layout that moved least from it (the residual stream, not a side stream)."""
+    outputs = output if isinstance(output, (tuple, list)) else (output,)
+    same = [t for t in outputs if isinstance(t, torch.Tensor) and t.shape == like.shape]
+    if not same:
+        return None
+    return min(same, key=lambda t: float((t.detach().float().cpu() - like).abs().mean()))
+
+
+class ResidualChange:
+    """Hooks on the first and last block of each block list; `steps` reads the step count (ditgate.core.steps)."""
+
+    def __init__(self, steps) -> None:
+        self.steps = steps
+        self.changes: dict[str, list[float]] = {}
+        self._previous: dict[tuple[str, int], torch.Tensor] = {}
+        self._entering: dict[str, torch.Tensor] = {}
+        self._slot = {"step": -1, "call": -1}
+        self._handles: list = []
+
+    def attach(self, pipe) -> "ResidualChange":
+        for tname, transformer in transformers_of(pipe).items():
+            self._handles.append(transformer.register_forward_pre_hook(self._on_call))
+            for lname, blocks in block_lists(transformer).items():
+                key = f"{tname}.{lname}"
+                self.changes[key] = []
+                self._handles.append(blocks[0].register_forward_pre_hook(self._enter(key), with_kwargs=True))
+                self._handles.append(blocks[-1].register_forward_hook(self._leave(key)))
+        return self
+
+    def reset(self) -> None:
+        """Forget the previous call (the hooks stay attached)."""
+        self.changes = {k: [] for k in self.changes}
+        self._previous.clear()
+        self._entering.clear()
+        self._slot.update(step=-1, call=-1)
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _on_call(self, module, args) -> None:
+        step = self.steps.calls if self.steps is not None else 0
+        self._slot["call"] = self._slot["call"] + 1 if step == self._slot["step"] else 0
+        self._slot["step"] = step
+
+    def _enter(self, key):
+        def hook(module, args, kwargs):
+            hidden = _hidden_in(args, kwargs)
+            if hidden is not None:
+                self._entering[key] = hidden.detach().float().cpu().clone()
+        return hook
+
+    def _leave(self, key):
+        def hook(module, args, output):
+            entering = self._entering.pop(key, None)
+            leaving = None if entering is None else _hidden_out(output, entering)
+            if leaving is None:
+                return
+            residual = leaving.detach().float().cpu() - entering
+            slot = (key, self._slot["call"])
+            previous = self._previous.get(slot)
+            if previous is not None and previous.shape == residual.shape:
+                scale = float(previous.abs().mean())
+                if scale > 0:
+                    self.changes[key].append(float((residual - previous).abs().mean()) / scale)
+            self._previous[slot] = residual
+        return hook
+
+    def summary(self) -> dict[str, Any] | None:
+        """{"median": the largest per-list median change, "per_list": {list: {median, max, steps}}}; None: no
+        list had two steps to compare."""
+        per_list = {key: {"median": statistics.median(v), "max": max(v), "compared": len(v)}
+                    for key, v in self.changes.items() if v}
+        if not per_list:
+            return None
+        worst = max(per_list, key=lambda k: per_list[k]["median"])
+        return {"median": per_list[worst]["median"], "list": worst, "per_list": per_list}

@@ -10,7 +10,7 @@ from typing import Any
 from ditgate.gates.calibration import reduced_precision
 from ditgate.run.judge import reduced_floor
 from ditgate.run.exec import files as store
-from ditgate.run.judge.hints import hint_for
+from ditgate.run.judge.hints import hint_for, ranked
 
 
 def gated(phase: str, modality: str, base_name: str, name: str, load: Callable, *, dtype: str, gates: dict | None,
@@ -102,12 +102,12 @@ def judge_row(runner, state) -> None:
                             sample_rate=state.result.get("sample_rate"), floor=floor.get("used"))
     state.verdict = record | ({"floor": json_ready(floor)} if floor else {})
     state.reasons.extend(reasons)
-    if row.cache and row.phase == "cache" and not record["passed"] and reasons:
-        state.reasons.extend(_latents_only_hint(record))
     if reduced_precision(runner.model.dtype, gates):
         reduced_floor.judge_exact(runner, state, base.row.name, load)
     cache_off.judge(state, base.row.name, runner.states.get(row.name + cache_off.SUFFIX), load, runner.model.dtype,
                     gates)
+    state.reasons = ranked(state.verdict, state.reasons, record) if row.cache and row.phase == "cache" \
+        else state.reasons
     discrimination.judge(state, base.row.name, runner.states.get(SENSITIVITY.name), load, modality,
                          dtype=runner.model.dtype, floor=floor.get("used"), gates=gates)
     judge_also(state, runner.states, load, modality, dtype=runner.model.dtype, gates=gates,
@@ -140,16 +140,14 @@ def audio_floor(runner) -> dict[str, Any]:
     return {"measured": calib.measured, "used": gate_floor(calib.measured, runner.gate_table()) or None}
 
 
-def _latents_only_hint(record: dict[str, Any]) -> list[str]:
-    """What to try when a cache row fails on its latents alone while its output passes (`record`: a verdict's
-    dict)."""
-    from ditgate.gates.verdicts import METRICS
 
-    latent = {*METRICS["latent"], "disp_rel_error"}
-    failed = [c for c in record.get("checks", []) if not c["passed"]]
-    if not failed or any(c["metric"] not in latent for c in failed):
-        return []
-    return [("only the latents fail while the output passes: this model's residuals change too fast for this cache "
-            "configuration; try a stricter threshold (--cache-config residual_diff_threshold=0.04), more warm-up "
-            "steps (--cache-config max_warmup_steps=4), more computed blocks (--cache-config Fn_compute_blocks=2) "
-            "or a calibrator (--cache-config taylorseer=1), and keep the one whose latents pass")]
+def check_judgeable_size(call: dict) -> None:
+    """Refuse, before any row runs, a picture smaller than the SSIM window: no row of it could be judged."""
+    from ditgate.core.errors import DitgateError
+    from ditgate.metrics.kernel import WINDOW
+
+    small = {k: call[k] for k in ("height", "width") if isinstance(call.get(k), int) and call[k] < WINDOW}
+    if small:
+        sizes = ", ".join(f"{k} {v}" for k, v in small.items())
+        raise DitgateError(f"{sizes}: smaller than the {WINDOW}x{WINDOW} SSIM window, so no row could be judged; "
+                           f"use at least {WINDOW} (the pipeline may round the size down further)")

@@ -45,3 +45,33 @@ def hint_for(phase: str | None, message: str, error: dict | None = None) -> str:
         if phase not in named:
             return HINTS["tp"] if "transformer" in lowered or not named else HINTS[named[0]]
     return HINTS.get(phase, "")
+
+
+TUNING_MARK = "try a stricter threshold"  # in the one piece of advice that tunes the cache (ditgate.run.judge.volatility)
+
+
+def ranked(verdict: dict, reasons: list[str], record: dict) -> list[str]:
+    """A failing cache row's reasons, the strongest evidence first. The caching-off check failing proves the
+    adapter or a functor changes the model: that comes first and no cache tuning is advised (it cannot help). Else,
+    when only the latents fail while the output passes, advice to tune the cache follows the gate's reasons (a row
+    whose residuals are too volatile for any cache becomes inconclusive instead: ditgate.run.judge.volatility)."""
+    off = verdict.get("cache_off") or {}
+    if off and not off.get("passed"):
+        first = [r for r in reasons if r.startswith(off.get("detail", "\0"))]
+        return first + [r for r in reasons if r not in first]
+    return reasons + _latents_only_hint(record) if not record.get("passed") else reasons
+
+
+def _latents_only_hint(record: dict) -> list[str]:
+    """What to try when a cache row fails on its latents alone while its output passes (`record`: a verdict's
+    dict)."""
+    from ditgate.gates.verdicts import METRICS
+
+    latent = {*METRICS["latent"], "disp_rel_error"}
+    failed = [c for c in record.get("checks", []) if not c["passed"]]
+    if not failed or any(c["metric"] not in latent for c in failed):
+        return []
+    return [("only the latents fail while the output passes: this model's residuals change too fast for this cache "
+            f"configuration; {TUNING_MARK} (--cache-config residual_diff_threshold=0.04), more warm-up "
+            "steps (--cache-config max_warmup_steps=4), more computed blocks (--cache-config Fn_compute_blocks=2) "
+            "or a calibrator (--cache-config taylorseer=1), and keep the one whose latents pass")]

@@ -29,7 +29,11 @@ def _owner(key: str) -> str:
 def _cache(facts: dict[str, Any]) -> Proof:
     stats = facts.get("cache") or []
     cached = sorted({s for entry in stats for s in entry.get("cached_steps", [])})
-    calls, transformer_calls = facts.get("last_block_calls", {}), facts.get("transformer_calls", 0)
+    transformer_calls = facts.get("transformer_calls", 0)
+    # the fewest calls of any block of a list (Fn/Bn blocks always run; a cached step skips the ones between);
+    # results from before block_calls was recorded only have the last block's count
+    calls = {k: min(v) for k, v in facts["block_calls"].items() if v} if facts.get("block_calls") \
+        else facts.get("last_block_calls", {})
     by_transformer = facts.get("calls_by_transformer") or {}
     own = lambda key: by_transformer.get(_owner(key), transformer_calls)  # noqa: E731 - calls of the list's transformer
     skipped = {k: own(k) - v for k, v in calls.items() if 0 < v < own(k)}
@@ -38,13 +42,13 @@ def _cache(facts: dict[str, Any]) -> Proof:
         return Proof("cache", False, "cache-dit cached no step (summary: cached_steps empty); residual diffs "
                      f"{diffs[:8]} never fell under the threshold, or the warm-up covered every step")
     if not skipped:
-        return Proof("cache", False, f"summary reports cached steps {cached}, but the last block of every block list"
+        return Proof("cache", False, f"summary reports cached steps {cached}, but every block of every block list"
                      f" ran on all {transformer_calls} transformer calls: no block was skipped")
     uncached = [t for t, n in by_transformer.items() if n and not any(_owner(k) == t for k in skipped)]
     if uncached:
-        return Proof("cache", False, f"{', '.join(uncached)}: the last block of every block list ran on all of its "
+        return Proof("cache", False, f"{', '.join(uncached)}: every block of every block list ran on all of its "
                      f"{', '.join(str(by_transformer[t]) for t in uncached)} calls: that transformer is not cached")
-    return Proof("cache", True, f"cached steps {cached}; last-block calls skipped: "
+    return Proof("cache", True, f"cached steps {cached}; block calls skipped (the most-skipped block of each list): "
                  + ", ".join(f"{k.split('.', 1)[-1]} {n} of {own(k)}" for k, n in skipped.items()))
 
 

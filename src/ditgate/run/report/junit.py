@@ -36,7 +36,7 @@ def _row_status(row: dict[str, Any]) -> str:
     status = row.get("status")
     if status in ("passed", "reference"):
         return "passed"
-    if status == "refused" or (status == "error" and (row.get("error") or {}).get("preflight")):
+    if status in ("refused", "inconclusive") or (status == "error" and (row.get("error") or {}).get("preflight")):
         return "skipped"
     return "error" if status == "error" else "failed"
 
@@ -59,7 +59,7 @@ def row_cases(rows: Iterable[dict[str, Any]], classname: str) -> list[Case]:
     return cases
 
 
-CHECK_STATUS = {"pass": "passed", "fail": "failed", "error": "error", "manual": "skipped"}
+CHECK_STATUS = {"pass": "passed", "fail": "failed", "error": "error", "manual": "skipped", "inconclusive": "skipped"}
 
 
 def checklist_cases(filled: Iterable[dict[str, Any]]) -> list[Case]:

@@ -23,6 +23,7 @@ from ditgate.run.report import spread
 from ditgate.core.paths import checklists_dir
 
 SCHEMA = "report.schema.json"
+VERDICT_WORD = {"passed": "PASS", "failed": "FAIL", "inconclusive": "INCONCLUSIVE"}
 
 
 def _status(state) -> str:
@@ -30,7 +31,26 @@ def _status(state) -> str:
         return "error"
     if state.row.phase is None:
         return "reference"
+    if (state.verdict or {}).get("inconclusive"):
+        return "inconclusive"
     return "passed" if state.passed else "failed"
+
+
+def acted(state) -> dict[str, Any] | None:
+    """What the probes saw the row's features do, kept apart from its verdict: {feature: {"acted", "detail"}};
+    a feature that acted is evidence that it ran, not that it is right (the verdict and `status` say that)."""
+    if not state.proofs:
+        return None
+    return {p["feature"]: {"acted": bool(p["passed"]), "detail": p["detail"]} for p in state.proofs}
+
+
+def outcome(rows: list[dict[str, Any]]) -> str:
+    """The run's outcome: "passed" (every row passed), "failed" (a row failed or did not run), else "inconclusive"
+    (a row could not be judged; exit status ditgate.core.errors.EXIT_INCONCLUSIVE)."""
+    statuses = {r["status"] for r in rows}
+    if statuses & {"failed", "error"}:
+        return "failed"
+    return "inconclusive" if "inconclusive" in statuses else "passed"
 
 
 def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
@@ -65,6 +85,7 @@ def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
         "metrics": metrics,
         "verdict": state.verdict,
         "proofs": state.proofs,
+        "acted": acted(state),
         "reasons": state.reasons,
         "twin": getattr(state, "twin", None),
         "facts": result.get("facts"),
@@ -124,6 +145,7 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
         "integration": run_info.get("integration"),
         "versions": run_info["versions"],
         "passed": all(r["status"] in ("passed", "reference") for r in rows),
+        "outcome": outcome(rows),
         "wall_s": wall_s,
         "flops": predict.flops_summary(profile),
         "prediction_note": profile_note,
@@ -217,7 +239,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# ditgate run: {report['model']}",
         "",
-        f"- verdict: **{'PASS' if report['passed'] else 'FAIL'}**",
+        f"- verdict: **{VERDICT_WORD[report.get('outcome') or ('passed' if report['passed'] else 'failed')]}**",
         *twin_report.headline(report),
         f"- size {_size_line(size, report.get('produced_size'))}, {steps_text(report['request'])}, seed "
         f"{report['request']['seed']}, {report['dtype']} on {report['device']}"
@@ -263,15 +285,22 @@ def markdown(report: dict[str, Any]) -> str:
     if media:
         lines += ["", "## Outputs to open", ""]
         lines += [f"- {r['name']}: " + ", ".join(f"[{Path(m).name}]({m})" for m in r["media"]) for r in media]
-    failures = [r for r in report["rows"] if r["reasons"]]
+    unjudged = [r for r in report["rows"] if r["status"] == "inconclusive"]
+    if unjudged:
+        lines += ["", "## Rows that could not be judged (inconclusive: neither passed nor failed)", ""]
+        lines += [f"- **{r['name']}**: " + "; ".join(r["reasons"]) for r in unjudged]
+    failures = [r for r in report["rows"] if r["reasons"] and r["status"] != "inconclusive"]
     if failures:
         lines += ["", "## Why rows failed", ""]
         for r in failures:
             lines += [f"- **{r['name']}**: " + "; ".join(r["reasons"])]
     proofs = [(r["name"], p) for r in report["rows"] for p in r["proofs"]]
     if proofs:
-        lines += ["", "## What each feature did", ""]
-        lines += [f"- {name} / {p['feature']}: {'ok' if p['passed'] else 'FAILED'} — {p['detail']}" for name, p in proofs]
+        status = {r["name"]: r["status"] for r in report["rows"]}
+        lines += ["", "## What each feature did (what the probes saw, not a verdict: a feature that acted can still be "
+                      "wrong; the verdict column says whether the row is right)", ""]
+        lines += [f"- {name} / {p['feature']}: {'acted' if p['passed'] else 'DID NOT ACT'} — {p['detail']} "
+                  f"(verdict: {status[name]})" for name, p in proofs]
     careful = [r for r in report["rows"] if r.get("speedup_caveats")]
     if careful:
         lines += ["", "## Speedups to read with care", ""]

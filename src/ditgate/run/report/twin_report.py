@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_MARK = {"passed": "pass", "failed": "FAIL", "unjudged": "could not judge"}
+_MARK = {"passed": "pass", "failed": "FAIL", "inconclusive": "could not judge"}
 
 
 def cell(row: dict[str, Any]) -> str:
@@ -32,7 +32,7 @@ def headline(report: dict[str, Any]) -> list[str]:
         return [f"- twin (float32): **could not run** — {record.get('detail')}: structure is not proven; a pass in "
                 f"{report['dtype']} alone is numerics, not structure"]
     failed = [r["name"] for r in judged if r["twin"]["status"] == "failed"]
-    unjudged = [r["name"] for r in judged if r["twin"]["status"] == "unjudged"]
+    unjudged = [r["name"] for r in judged if r["twin"]["status"] == "inconclusive"]
     state = ("structure proven on every row it judges" if not failed and not unjudged else
              f"FAILED on {', '.join(failed)}" if failed else f"could not judge {', '.join(unjudged)}")
     return [f"- twin (float32, CPU, {size}): {state}; its report: {record.get('report')} "

@@ -1,0 +1,68 @@
+"""`ditgate scaffold MODEL [REQUEST] --out FILE`: write an integration plugin from what inspect observes on the call,
+then run its rows (cache, cp-ulysses-2, tp-2) on the model's float32 twin (`ditgate.scaffold`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "write an integration plugin from the observed call and run its rows on the model's float32 twin"
+ROWS = "cache,cp-ulysses-2,tp-2"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from ditgate.commands.model.options import add_model_arguments
+
+    add_model_arguments(parser)
+    parser.add_argument("--out", type=Path, required=True, metavar="FILE", help="the plugin file to write")
+    parser.add_argument("--no-run", action="store_true", help="only write the plugin")
+    parser.add_argument("--rows", default=ROWS, help=f"rows to run on the twin (default {ROWS})")
+    parser.add_argument("--run-dir", type=Path, metavar="DIR", help="run folder of the rows (default: under runs/)")
+
+
+def main(args: argparse.Namespace) -> int:
+    import contextlib
+    import time
+
+    from ditgate.commands.model.inspect import _check_writable
+    from ditgate.commands.model.options import model_from
+    from ditgate.inspect.anatomy import write_text_atomic
+    from ditgate.scaffold.write import observe, plugin_source
+
+    _check_writable(args.out)
+    start = time.perf_counter()
+    model = model_from(args)
+    print(f"scaffold: inspecting {model.name} on its call", file=sys.stderr, flush=True)
+    with contextlib.redirect_stdout(sys.stderr):
+        observed = observe(model)
+    write_text_atomic(args.out, plugin_source(observed))
+    print(f"plugin written to {args.out} ({time.perf_counter() - start:.0f} s)")
+    if args.no_run:
+        return 0
+    return _run_rows(args, model, start)
+
+
+def _run_rows(args: argparse.Namespace, model, start: float) -> int:
+    import contextlib
+    import time
+
+    from ditgate import twin
+    from ditgate.commands.model.twin import _given
+    from ditgate.core.model import Model
+    from ditgate.run.define import rows
+    from ditgate.run.report import run_report
+    from ditgate.run.runner import RunConfig, run
+
+    print("scaffold: the float32 twin", file=sys.stderr, flush=True)
+    with contextlib.redirect_stdout(sys.stderr):
+        built = twin.cached(model.name, pipeline=model.pipeline, trust_remote_code=model.trust_remote_code,
+                            seed=model.request.seed, call=_given(args), frames=args.frames, quiet=True)
+    on_twin = Model.open(built.folder, pipeline=model.pipeline, trust_remote_code=model.trust_remote_code,
+                         dtype="float32", device="cpu", seed=model.request.seed)
+    cfg = RunConfig(model=on_twin, rows=rows.select(rows.DEFAULT_ROWS, args.rows), out=args.run_dir,
+                    integration=args.out.resolve(), twin="off")
+    report = run(cfg)
+    print(run_report.markdown(report), end="")
+    print(f"\nscaffold and rows: {time.perf_counter() - start:.0f} s; report: {Path(report['run_dir']) / 'report.md'}")
+    return 0 if report["passed"] else 1
