@@ -11,6 +11,7 @@ import os
 import pickle
 import shutil
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,6 +72,10 @@ def files(tmp_path, zoo_path):
     for name, change in {"rope": {"axes_dims_rope": [2, 2, 2]}, "huge": {"num_layers": 10**9},
                          "negative": {"num_attention_heads": -4}}.items():
         (lie / f"{name}.json").write_text(json.dumps({**flux, **change}))
+    (t / "empty").mkdir()
+    (t / "list.json").write_text("[1, 2]")
+    (t / "bad.json").write_text("{not json")
+    (t / "plugin.py").write_text((Path(__file__).parent / "plugins" / "flux_good.py").read_text())
     # a run folder with a corrupt run.json, and one whose finished row has a corrupt result.json
     (t / "corrupt-run").mkdir()
     (t / "corrupt-run" / "run.json").write_text("{not json")
@@ -225,6 +230,65 @@ CASES = {
                                    ["did you mean --steps?"]),
     "cli-nested-option-typo": (["zoo", "build", "flux", "{t}/out", "--sed", "3"], ["did you mean --seed?"]),
     "cli-extra-positional": (["inspect", "zoo:flux", "zoo:wan"], ["unrecognized arguments: zoo:wan"]),
+    # more of each command's own arguments
+    "gate-missing-base": (["gate", "--phase", "cp", "{t}/nope.png", "{t}/ok.png"], ["nope.png"]),
+    "gate-missing-candidate": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/nope.png"], ["nope.png"]),
+    "gate-text-as-image": (["gate", "--phase", "cp", "{t}/a-file", "{t}/ok.png"], ["unknown kind of file"]),
+    "gate-floor-without-value": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--floor", "psnr"],
+                                 ["METRIC=VALUE"]),
+    "gate-floor-a-word": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--floor", "psnr=abc"],
+                          ["METRIC=VALUE"]),
+    "gate-floor-unknown-metric": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--floor", "zzz=3"],
+                                  ["zzz"]),
+    "gate-noise-missing": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--noise", "{t}/nope.npy"],
+                           ["nope.npy"]),
+    "gate-latents-missing": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--latents", "{t}/nope.npy",
+                              "{t}/nope2.npy"], ["nope.npy"]),
+    "gate-audio-rate-zero": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--sample-rate", "0",
+                              "--modality", "audio"], ["sample rate"]),
+    "gate-gates-not-json": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--gates", "{t}/bad.json"],
+                            ["bad.json"]),
+    "zoo-build-unknown": (["zoo", "build", "nosuch", "{t}/out"], ["nosuch"]),
+    "zoo-build-into-a-full-folder": (["zoo", "build", "flux", "{t}/list-index"], ["not empty"]),
+    "skill-source-missing": (["skill", "install", "--target", "{t}/out", "--source", "{t}/nope"], ["nope"]),
+    "skill-source-a-file": (["skill", "install", "--target", "{t}/out", "--source", "{t}/a-file"], ["a-file"]),
+    "skill-source-not-a-skill": (["skill", "install", "--target", "{t}/out", "--source", "{t}/empty"],
+                                 ["holds no SKILL.md"]),
+    "lint-missing-root": (["lint", "{t}/nope"], ["does not exist"]),
+    "lint-root-a-file": (["lint", "{t}/a-file"], ["a-file"]),
+    "lint-unknown-rule": (["lint", "--disable", "nosuchrule"], ["nosuchrule"]),
+    "lint-unknown-warn-rule": (["lint", "--warn", "nosuchrule"], ["nosuchrule"]),
+    "checklist-unknown-phase": (["checklist", "warp", "--model", "zoo:flux", "--out", "{t}/out"], ["warp"]),
+    "diff-empty-row": (["diff", "zoo:flux", "--row", "", "--out", "{t}/out"], ["--row"]),
+    "diff-unknown-row": (["diff", "zoo:flux", "--row", "nosuch", "--out", "{t}/out"], ["nosuch"]),
+    "diff-zero-timeout": (["diff", "zoo:flux", "--row", "cache", "--out", "{t}/out", "--timeout", "0"], ["--timeout"]),
+    "diff-nan-timeout": (["diff", "zoo:flux", "--row", "cache", "--out", "{t}/out", "--timeout", "nan"],
+                         ["--timeout"]),
+    "diff-reference-row": (["diff", "zoo:flux", "--row", "baseline", "--out", "{t}/out"], ["reference row"]),
+    "matrix-unknown-row": (["matrix", "zoo:flux", "--rows", "nosuch", "--out", "{t}/out"], ["nosuch"]),
+    "run-unknown-row": (["run", "zoo:flux", "--rows", "nosuch", "--out", "{t}/out"], ["nosuch"]),
+    "run-zero-seeds": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--seeds", "0"], ["--seeds"]),
+    "run-prompts-missing": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--prompts", "{t}/nope.txt"],
+                            ["nope.txt"]),
+    "run-cache-config-unknown-field": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                        "--cache-config", "nosuch=1"], ["nosuch"]),
+    "run-cache-config-without-value": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out",
+                                        "--cache-config", "Fn_compute_blocks"], ["KEY=VALUE"]),
+    "run-cache-dit-missing": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--cache-dit", "{t}/nope"],
+                              ["no cache_dit package"]),
+    "run-cp-split-dims-garbage": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--cp-split-dims",
+                                   "garbage"], ["LIST=DIM"]),
+    "export-integration-missing": (["export", "--model", "zoo:flux", "--integration", "{t}/nope.py", "--to",
+                                    "{t}/out"], ["nope.py"]),
+    "export-to-missing": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to", "{t}/nope"],
+                          ["no cache_dit package"]),
+    "export-to-a-file": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to", "{t}/a-file"],
+                         ["no cache_dit package"]),
+    "export-to-not-cache-dit": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                 "{t}/empty"], ["no cache_dit package"]),
+    "twin-out-a-file": (["twin", "zoo:flux", "{t}/a-file"], ["is a file"]),
+    "twin-out-a-full-folder": (["twin", "zoo:flux", "{t}/list-index"], ["not empty"]),
+    "twin-out-unwritable": (["twin", "zoo:flux", UNWRITABLE], ["/sys"]),
     # lint: a folder that is not a skill is one line
     "lint-not-a-skill": (["lint", "{t}/list-index"], ["holds no SKILL.md", "not a skill"]),
 }

@@ -41,6 +41,8 @@ def main(args: argparse.Namespace) -> int:
         raise DitgateError(f"row {row.name!r} is a reference row: it has no baseline to diff against")
     if args.window < 0:
         raise DitgateError("--window must be >= 0")
+    if not 0 < args.timeout < float("inf"):  # 0 or nan would end the diff's ranks at once
+        raise DitgateError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
     out = args.out or Path(f"{default_out(args.model)}-diff-{row.name}")
     cfg = DiffConfig(model=model_from(args), row=row, baseline=chosen[row.baseline], out=out,
                      integration=args.integration, timeout=args.timeout, window=args.window)
