@@ -105,3 +105,16 @@ def test_checklists_notebooks_and_the_matrix_know_the_status(volatile_run, tmp_p
     assert data["outcome"] == "inconclusive" and exit_status(data) == 3 and not data["passed"]
     assert "INCONCLUSIVE" in markdown(data) and "could not be judged" in markdown(data)
     assert [c.status for c in junit.row_cases(report["rows"], "t") if c.name == "cache"] == ["skipped"]
+
+
+@pytest.mark.full
+def test_cache_plus_cp_against_the_baseline_is_inconclusive_on_the_same_measure(volatile_moe, run_cli, tmp_path):
+    """cache+ulysses-2 matches its cached single-process row (the CP gate) and fails only the cache gate against the
+    baseline: inconclusive on the caching-off twin's residual change, like the cache row."""
+    code, out, err = run_cli("run", volatile_moe, "--rows", "cache,cache+ulysses-2", "--out", tmp_path / "run",
+                             "--json", "--integration", ROOT / "examples" / "tinymoe" / "integration.py")
+    rows = {r["name"]: r for r in json.loads(out)["rows"]}
+    hybrid = rows["cache+ulysses-2"]
+    assert code == 3 and hybrid["status"] == "inconclusive", (code, hybrid["reasons"], err[-2000:])
+    assert hybrid["verdict"]["checks"] and all(c["passed"] for c in hybrid["verdict"]["checks"])
+    assert "trained weights" in hybrid["reasons"][0]

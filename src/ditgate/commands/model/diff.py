@@ -6,13 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.model.options import add_model_arguments, model_from
+from ditgate.commands.model.options import add_server_argument, add_model_arguments, model_from
 from ditgate.core.errors import DitgateError
 
 HELP = "name the first module whose output differs between a row and its baseline (first transformer call)"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    add_server_argument(parser)
     add_model_arguments(parser)
     parser.add_argument("--row", required=True, help="the row to diff (a default row or one of --rows-file)")
     parser.add_argument("--rows-file", type=Path, help="YAML file of rows to take --row from")
@@ -40,6 +41,8 @@ def main(args: argparse.Namespace) -> int:
         raise DitgateError(f"row {row.name!r} is a reference row: it has no baseline to diff against")
     if args.window < 0:
         raise DitgateError("--window must be >= 0")
+    if not 0 < args.timeout < float("inf"):  # 0 or nan would end the diff's ranks at once
+        raise DitgateError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
     out = args.out or Path(f"{default_out(args.model)}-diff-{row.name}")
     cfg = DiffConfig(model=model_from(args), row=row, baseline=chosen[row.baseline], out=out,
                      integration=args.integration, timeout=args.timeout, window=args.window)
