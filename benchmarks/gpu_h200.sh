@@ -21,7 +21,7 @@ case $step in
   profile) python3 -m ditgate flops $model --height 1024 --width 1024 --steps 28 --json > "$out/flops.json"
            python3 -m ditgate flops $model --height 1024 --width 1024 --steps 28 | head -20
            python3 benchmarks/profile_split.py $model | tee "$out/profile_split.json" ;;
-  rerun)   python3 benchmarks/rerun.py $model --build --rows cache --dtype bf16 --device cuda --warmup 1 \
+  rerun)   python3 benchmarks/rerun.py $model --build --rows cache --dtype bf16 --device cuda --warmup 1 --server \
              --out /tmp/fluxdev-rerun > "$out/rerun.txt" 2>&1 || true
            cp /tmp/fluxdev-rerun/rerun.json "$out/" 2>/dev/null || true; tail -15 "$out/rerun.txt" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;

@@ -6,7 +6,7 @@ reuses them (ditgate.run.reuse) and computes only the rows that are not referenc
 the same verdicts and recorded numbers except timings (outputs and latents bit for bit), and prints the store's
 size on disk.
 
-    python benchmarks/rerun.py zoo:flux --rows cp-ulysses-2                       # CPU (target: second <= 0.5x first)
+    python benchmarks/rerun.py zoo:flux --rows cp-ulysses-2 --server              # CPU (target: second <= 0.5x first)
     python benchmarks/rerun.py /tmp/fluxdev --build --rows cache --dtype bf16 --device cuda --warmup 1
 
 Targets (issue "a rerun pays for the row that changed"): on CPU the second run at most 0.5x the first; on a GPU
@@ -46,6 +46,8 @@ def main() -> int:
     parser.add_argument("model", help="zoo:NAME or a pipeline folder")
     parser.add_argument("--rows", required=True, help="the rows an integrator reruns (e.g. cp-ulysses-2, cache)")
     parser.add_argument("--out", type=Path, default=Path("runs/rerun"))
+    parser.add_argument("--server", action="store_true", help="also run it a third time on a `ditgate serve` "
+                        "started here (imports done)")
     parser.add_argument("--build", action="store_true", help="write the FLUX.1-dev-config folder MODEL first "
                         "when it is missing (benchmarks/flux_dev_random.py)")
     args, extra = parser.parse_known_args()
@@ -61,8 +63,20 @@ def main() -> int:
     runs, load = {}, [os.getloadavg()[0]]
     for name in ("first", "second"):
         folder = args.out / f"{name}-{stamp}"
-        runs[name] = (folder, run_once(args.model, "once", folder, ["--rows", args.rows, *extra]))
+        runs[name] = (folder, run_once(args.model, "once", folder, ["--rows", args.rows, *extra, "--server", "off"]))
         load.append(os.getloadavg()[0])
+    if args.server:  # a third run, the same again, on a warm `ditgate serve` started (and stopped) here
+        server = subprocess.Popen([sys.executable, "-m", "ditgate", "serve", "--idle", "900"], stderr=subprocess.PIPE,
+                                  text=True)
+        try:
+            while "listening" not in server.stderr.readline():
+                if server.poll() is not None:
+                    raise SystemExit("ditgate serve did not start")
+            folder = args.out / f"server-{stamp}"
+            runs["server"] = (folder, run_once(args.model, "once", folder, ["--rows", args.rows, *extra]))
+        finally:
+            subprocess.run([sys.executable, "-m", "ditgate", "serve", "--stop"], check=False)
+            server.wait(timeout=60)
     (a, first), (b, second) = runs["first"], runs["second"]
     diff = differences(first["report"], second["report"], a, b)
     chosen = [r for r in args.rows.split(",") if r]
@@ -71,13 +85,18 @@ def main() -> int:
     size = store_bytes(store)
     print("| run | wall (s) | generations (s) | load (s) | the rows' own generation (s) | reused |")
     print("|---|---|---|---|---|---|")
-    for name, s in (("first", s1), ("second, no server", s2)):
+    shown = [("first", s1), ("second, no server", s2)]
+    if "server" in runs:
+        shown.append(("second, with server", summary(runs["server"][1], chosen)))
+    for name, s in shown:
         rows = ", ".join(f"{k} {v:.2f}" for k, v in s["rows_generate_s"].items() if v is not None)
         print(f"| {name} | {s['wall_s']:.1f} | {s['generate_s']:.1f} | {s['load_s'] or 0:.1f} | {rows} | "
               f"{', '.join(s['reused']) or '-'} |")
-    print("| first / second with server | not measured: `ditgate serve` is not part of ditgate yet | | | | |")
     print(f"\nsecond / first (no server): {s2['wall_s'] / s1['wall_s']:.2f} (target <= 0.5)")
-    print(f"second / its rows' own generation: {s2['wall_s'] / own:.2f} (target with a server: <= 2)" if own else "")
+    if "server" in runs:
+        s3 = shown[-1][1]
+        print(f"second with server / first: {s3['wall_s'] / s1['wall_s']:.2f}; / its rows' own generation: "
+              f"{s3['wall_s'] / own:.2f} (target <= 2)" if own else "")
     print(f"first / (its generations + load): {s1['wall_s'] / (s1['generate_s'] + (s1['load_s'] or 0)):.2f} "
           "(GPU target: <= 1.2)")
     print(f"store on disk: {size / 2**20:.2f} MiB in {store}")
@@ -85,7 +104,7 @@ def main() -> int:
     print("identical verdicts and numbers except timings: " + ("yes" if not diff else "NO\n" + "\n".join(diff)))
     (args.out / "rerun.json").write_text(json.dumps(
         {"model": args.model, "rows": args.rows, "extra": extra, "first": s1, "second": s2, "store_bytes": size,
-         "load_average": load, "cpus": os.cpu_count(), "differences": diff,
+         "server": shown[-1][1] if "server" in runs else None, "load_average": load, "cpus": os.cpu_count(), "differences": diff,
          "runs": {k: {x: y for x, y in r.items() if x != "report"} for k, (_, r) in runs.items()}},
         indent=2, default=str))
     return 0 if not diff else 1

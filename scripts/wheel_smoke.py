@@ -95,6 +95,7 @@ def commands(work: Path, quick: bool) -> list[tuple[list[str], int]]:
         return cheap
     return cheap + [
         (["lint"], 0),
+        (["serve", "--stop"], 0),  # no server running: says so
         (["flops", "zoo:flux", "--height", "64", "--width", "64"], 0),
         (["inspect", "zoo:flux"], 0),
         (["checklist", "cache", "--model", "zoo:flux", "--from-run", str(work / "run"),

@@ -108,6 +108,7 @@ def test_the_cache_row_checks_the_adapter_with_caching_off(run_cli, tmp_path):
     assert cache["verdict"]["cache_off"]["passed"] is False and cache["verdict"]["cache_off"]["max_abs"] > 1e-4
     assert any("caching off" in reason and "patch functor" in reason for reason in cache["reasons"])
     assert "caching off" in cache["reasons"][0], cache["reasons"]  # the strongest evidence first, no cache tuning
+    assert "patch functor ScalingFunctor" in cache["reasons"][0]  # named: the plugin's functor, not a threshold
     assert not any("try a stricter threshold" in reason for reason in cache["reasons"])
 
 

@@ -117,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported by the command's own parser: its usage, and the nearest of its options
         getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if getattr(args, "server", "off") == "auto":  # a running `ditgate serve` runs it warm (never required)
+        from ditgate.commands.tools import serve
+
+        forwarded = serve.forward(argv)
+        if forwarded is not None:
+            return forwarded
+    args.entry = main  # a command that runs commands (`ditgate serve`) runs them through the CLI's own main
     level = _verbosity(args)
     logs.set_verbosity(level)
     held = io.StringIO() if level < 0 and not getattr(args, "json", False) else None

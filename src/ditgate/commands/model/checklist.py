@@ -19,7 +19,8 @@ _MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL", "
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from ditgate.commands.model.options import add_junit_argument, add_model_arguments, add_twin_argument
+    from ditgate.commands.model.options import add_server_argument, add_junit_argument, add_model_arguments, add_twin_argument
+    add_server_argument(parser)
 
     parser.add_argument("phase", metavar="PHASE", nargs="?",
                         help="checklist name(s), comma-separated (cache, cp, tp, ...), or a checklist file")

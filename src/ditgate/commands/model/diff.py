@@ -6,13 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.model.options import add_model_arguments, model_from
+from ditgate.commands.model.options import add_server_argument, add_model_arguments, model_from
 from ditgate.core.errors import DitgateError
 
 HELP = "name the first module whose output differs between a row and its baseline (first transformer call)"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    add_server_argument(parser)
     add_model_arguments(parser)
     parser.add_argument("--row", required=True, help="the row to diff (a default row or one of --rows-file)")
     parser.add_argument("--rows-file", type=Path, help="YAML file of rows to take --row from")

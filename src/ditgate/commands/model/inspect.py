@@ -12,7 +12,8 @@ HELP = "show a pipeline's anatomy (block lists, ForwardPattern, CFG calls, atten
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from ditgate.commands.model.options import add_model_arguments
+    from ditgate.commands.model.options import add_server_argument, add_model_arguments
+    add_server_argument(parser)
 
     add_model_arguments(parser)  # the call `ditgate run` makes: the tables describe the rows it will gate
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")

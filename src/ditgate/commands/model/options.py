@@ -28,6 +28,11 @@ def bounded(low: int, high: int):
     return parse
 
 
+def add_server_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", choices=("auto", "off"), default="auto",
+                        help="auto (default): run on a running `ditgate serve` (imports done), else here; off: here")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = False) -> None:
     """Arguments shared by every command that loads and runs a model (the model as `--model` when
     `model_option`): one request object and one device/dtype default for all of them."""

@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 
 from ditgate.commands.model.options import (add_integration_argument, add_junit_argument, add_model_arguments,
+                                            add_server_argument,
                                             add_twin_argument, add_variant_arguments, model_from, with_variants)
 
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    add_server_argument(parser)
     add_model_arguments(parser)
     parser.add_argument("--rows", help="comma-separated row names (default: all); their baselines are added")
     parser.add_argument("--rows-file", type=Path, help="YAML file of rows to use instead of the default rows")

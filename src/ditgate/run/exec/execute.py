@@ -234,6 +234,8 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
         facts = probes.facts(request.steps)
         facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else plugin.declared_split_dims()
         facts["cache"] = _cache_stats(target) if row.cache else None
+        if row.cache and getattr(target, "patch_functor", None) is not None:  # an adapter given as a BlockAdapter
+            facts["patch_functor"] = type(target.patch_functor).__name__
         if volatility is not None:
             facts["residual_change"] = volatility.summary()
         if modular.is_modular_class(type(pipe)):

@@ -52,5 +52,7 @@ def judge(state, base_name: str, twin_state, load, dtype: str, gates: dict | Non
     state.verdict |= {"cache_off": found}
     if not found["passed"]:
         state.verdict["passed"] = False
-        state.reasons.append(found["detail"] + ": the BlockAdapter or a patch functor changes the model (check the "
-                             "ForwardPattern, the block lists and what each functor patches)")
+        functor = ((twin_state.result or {}).get("facts") or {}).get("patch_functor")
+        culprit = f"the patch functor {functor} or the BlockAdapter" if functor else "the BlockAdapter or a patch functor"
+        state.reasons.append(found["detail"] + f": {culprit} changes the model (check what "
+                             f"{'it' if functor else 'each functor'} patches, the ForwardPattern and the block lists)")

@@ -1,0 +1,101 @@
+"""`ditgate serve` and `--server auto`: the same results as a command run in its own process, used only when a
+live server of this user, this ditgate and this environment is there; a stale socket or a dead server is never
+used (the command runs in its own process), a second server is refused, two clients at once both get their
+results (one served, the other, finding it busy, in its own process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(home: Path) -> dict:
+    return dict(os.environ, DITGATE_HOME=str(home), PYTHONPATH=os.pathsep.join([str(ROOT / "src"),
+                                                                                os.environ.get("PYTHONPATH", "")]))
+
+
+def _cli(env, *args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "ditgate", *map(str, args)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _done(proc, timeout=600):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def _untimed(value):
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items()
+                if k not in ("run_dir", "times", "speedup", "speedup_caveats", "prediction", "peak_memory_bytes",
+                             "overhead", "time", "wall_s", "media") and not k.endswith("_s")}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+@pytest.mark.full  # a server's start and three runs: minutes on the 2-core machine
+def test_server_runs_commands_as_a_fresh_process_would(zoo_path, tmp_path):
+    zoo = zoo_path("flux")  # built once for the session (the server and clients share the session's home)
+    home = tmp_path / "home"
+    home.mkdir()
+    os.symlink(Path(zoo).parent, home / "zoo")
+    env = _env(home)
+    sock_dir = home / "serve"
+    sock_dir.mkdir(mode=0o700)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(sock_dir / "serve.sock"))
+    stale.close()  # a socket file nobody listens on
+
+    inspect = ["inspect", "zoo:flux", "--height", "64", "--width", "64", "--steps", "2", "--json"]
+    code, alone, err = _done(_cli(env, *inspect))  # the stale socket is not used: the command runs by itself
+    assert code == 0, err
+
+    server = _cli(env, "serve", "--idle", "300")
+    try:
+        deadline = time.time() + 300
+        while not any("listening" in line for line in [server.stderr.readline()]):
+            assert server.poll() is None and time.time() < deadline, "the server did not start"
+        assert _done(_cli(env, "serve"))[0] == 2  # one server at a time
+
+        run = ["run", "zoo:flux", "--height", "64", "--width", "64", "--steps", "3", "--rows", "cache", "--json",
+               "--fresh"]
+        clients = [_cli(env, *run, "--out", tmp_path / "served"), _cli(env, *inspect)]  # two clients at once
+        (code_run, served_run, err_run), (code_i, served_inspect, err_i) = (_done(c) for c in clients)
+        assert code_i == 0 and json.loads(served_inspect) == json.loads(alone), err_i
+        code_off, own_run, err_off = _done(_cli(env, *run, "--out", tmp_path / "own", "--server", "off"))
+        assert code_run == code_off, (err_run, err_off)
+        assert _untimed(json.loads(served_run)) == _untimed(json.loads(own_run))
+
+        server.send_signal(signal.SIGKILL)  # a crashed server: its socket stays behind, and is not used
+        server.wait()
+        assert (sock_dir / "serve.sock").exists()
+        code, after, err = _done(_cli(env, *inspect))
+        assert code == 0 and json.loads(after) == json.loads(alone), err
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+    log = server.stderr.read()
+    # one command at a time: of the two clients at once one was served, the other found it busy and ran by itself
+    assert log.count("ditgate serve: ran `ditgate") == 1
+
+
+def test_stop_and_a_folder_not_private(tmp_path):
+    env = _env(tmp_path / "home")
+    (tmp_path / "home" / "serve").mkdir(parents=True, mode=0o755)
+    os.chmod(tmp_path / "home" / "serve", 0o755)
+    code, _, err = _done(_cli(env, "serve", "--idle", "5"))
+    assert code == 2 and "private" in err
+    code, _, err = _done(_cli(env, "serve", "--stop"))
+    assert code == 0 and "no server" in err
