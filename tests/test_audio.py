@@ -170,6 +170,7 @@ def test_wrong_forward_pattern_plugin_fails(tmp_path):
 # ------------------------------------------------------------------------------------------------- calibration
 
 
+@pytest.mark.full
 def test_calibration_is_deterministic_on_cpu():
     model = _model()
     first = run_row(rows.CALIBRATION, model)

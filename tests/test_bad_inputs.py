@@ -330,6 +330,7 @@ def test_argparse_rejections_are_one_line(run_cli, capsys):
     assert "invalid int value" in capsys.readouterr().err
 
 
+@pytest.mark.full
 def test_corrupt_result_json_is_run_again(run_cli, tmp_path, flux_default_run):
     """A finished row whose result.json or outputs cannot be read is not kept by --resume: it runs again."""
     import shutil

@@ -220,6 +220,7 @@ def test_cli_refuses_bad_requests_before_starting_a_kernel(run_cli, tmp_path):
     assert code == 0 and all(nb.stem in out for nb in NOTEBOOKS) and "world_size: int = 4" in out
 
 
+@pytest.mark.full
 def test_stops_at_the_first_failure_unless_keep_going(tmp_path):
     missing = tmp_path / "no-such-model"
     done = _ditgate("notebook", "run", "baseline,cache", "--model", missing, "--out", tmp_path / "a")
@@ -337,6 +338,7 @@ def test_wan_video_through_the_cp_notebook(tmp_path, wan_default_run):
     assert _shown(tmp_path / "30_cp.ipynb", "image/png")
 
 
+@pytest.mark.full
 def test_broken_cp_plan_fails_the_cp_notebook_with_the_gate_reason(tmp_path):
     executed = tmp_path / "30_cp.ipynb"
     done = subprocess.run([sys.executable, "-m", "papermill", str(BY_PHASE["cp"].path), str(executed),
@@ -376,6 +378,7 @@ def test_audio_notebook_on_stable_audio(tmp_path):
 
 @pytest.mark.skipif(not HAS_MATRIX, reason="`ditgate matrix` (ditgate.commands.model.matrix, ditgate.perf.matrix) is not in this "
                                            "checkout")
+@pytest.mark.full
 def test_perf_matrix_notebook(tmp_path):
     done = _ditgate("notebook", "run", "perf_matrix", "--model", "zoo:flux", "--out", tmp_path,
                     "-p", "rows", "cache-fast", "-p", "warmup", "0", "-p", "repeats", "1")

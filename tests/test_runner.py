@@ -158,6 +158,7 @@ def test_killed_rank_is_named(tmp_path):
     assert "rank 1 was killed by SIGKILL in row 'cp-ulysses-2' at stage 'apply'" in result["reasons"][0]
 
 
+@pytest.mark.full
 def test_hung_rank_ends_in_a_report(tmp_path):
     report = _run("zoo:flux", "cp-ulysses-2,cp-ring-2", tmp_path / "run", integration=PLUGINS / "flux_rank1_hangs.py",
                   timeout=30)

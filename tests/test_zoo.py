@@ -126,6 +126,7 @@ def test_incomplete_save_is_refused(tmp_path):
         zoo._check_complete(folder)
 
 
+@pytest.mark.full
 def test_zoo_spec_loads_on_every_rank_of_a_fresh_torchrun(tmp_path):
     import os
     import subprocess
