@@ -67,6 +67,7 @@ print("ok", names)
     assert "ok" in done.stdout
 
 
+@pytest.mark.full
 def test_settle_sleeps_still_there_and_skipped_by_the_patch():
     """cache-dit's maybe_empty_cache still sleeps (else delete compat.skip_settle_sleeps); after the patch every
     reference to it, one taken before and one a module takes later, collects without sleeping."""

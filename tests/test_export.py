@@ -188,6 +188,7 @@ def test_a_lean_export_proves_only_what_its_rows_cover_and_runs_its_test_alone(t
     assert edited.returncode == 2 and "already registers the example 'tinymoe'" in edited.stderr
 
 
+@pytest.mark.full
 def test_a_file_that_fails_its_rows_is_not_exported(tmp_path):
     """A TP plan that multiplies gates with gates fails tp-2: exit 1, the table says why, nothing written."""
     fresh = copy_cache_dit(tmp_path / "fresh")

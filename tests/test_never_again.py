@@ -238,6 +238,7 @@ def test_model_folder_code_never_runs_without_consent_under_python_m(tmp_path, c
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.full
 def test_resume_never_reports_an_earlier_runs_result_for_a_parallel_row(run_cli, tmp_path):
     """The probe's case: a parallel row whose definition changed between runs ran again under --resume, and the
     worker group's poll read the earlier run's rows/NAME/result.json (PASSED) before the ranks wrote theirs, so a
