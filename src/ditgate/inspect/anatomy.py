@@ -363,21 +363,12 @@ def inspect_model(model, log=None, on_load=None) -> Anatomy:
     if on_load is not None:
         on_load(pipe)
     if log is not None:
-        warning = plan_call.default_cost(model, pipe, call, _announce_above())
+        warning = plan_call.default_cost(model, pipe, call, plan_call.announce_above())
         if warning:
             log(f"inspect: {warning}")
     return analyse(pipe, call, model=model.name, steps=call.get("num_inference_steps"), dropped=dropped,
                    seed=model.request.seed, request_args=plan_call.request_args(model),
                    vae_tiling=model.request.vae_tiling)
-
-
-def _announce_above() -> float:
-    """Seconds above which a default call's estimated cost is announced (gates.json, rules.call_cost)."""
-    import json
-
-    from ditgate.core.paths import checklists_dir
-
-    return float(json.loads((checklists_dir() / "gates.json").read_text())["rules"]["call_cost"]["announce_above_s"])
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

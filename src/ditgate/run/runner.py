@@ -30,16 +30,11 @@ from ditgate.core.model import Model
 from ditgate.run.exec.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
                                 copy_finished_rows, default_out, prepare, versions)
 from ditgate.run.exec.folder import done as _done
+from ditgate.run.exec.worker import warm_calls
 from ditgate.run.define.rows import Row
 
 
 LAUNCHES = ("once", "per-row")
-
-
-def warm_calls(warmup: int, row: Row, warmed: bool) -> int:
-    """The warm-up calls `row` makes: none once its process is warm (`warmed`), except a compiled row, whose first
-    call compiles it (the same rule in a worker group's ranks: ditgate.run.exec.worker)."""
-    return 0 if warmed and not row.compile else warmup
 
 
 @dataclass

@@ -248,3 +248,10 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def announce_above() -> float:
+    """Seconds above which a default call's estimated cost is announced (gates.json, rules.call_cost)."""
+    from ditgate.core.paths import checklists_dir
+
+    return float(json.loads((checklists_dir() / "gates.json").read_text())["rules"]["call_cost"]["announce_above_s"])

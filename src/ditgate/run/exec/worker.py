@@ -35,6 +35,12 @@ def main(job_file: str) -> int:
     return serve(job, int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)))
 
 
+def warm_calls(warmup: int, row, warmed: bool) -> int:
+    """The warm-up calls `row` makes: none once its process is warm (`warmed`), except a compiled row, whose first
+    call compiles it (the runner and every rank of a worker group follow this one rule)."""
+    return 0 if warmed and not row.compile else warmup
+
+
 def cpu_threads(world_size: int) -> str:
     """Threads per CPU rank started by torchrun: the machine's cores shared evenly (torchrun's default of one thread
     leaves a large machine idle: a twin's ranks beside a GPU run on 16 cores)."""
@@ -107,7 +113,7 @@ def serve(job: dict, rank: int, local_rank: int, pristine=None) -> int:
         for data in job["rows"]:
             row = rows.from_mapping({k: v for k, v in data.items() if k != "world_size"})
             current["row"] = row.name
-            calls = 0 if warmed and job.get("warm_once", True) and not row.compile else job["warmup"]
+            calls = warm_calls(job["warmup"], row, warmed and job.get("warm_once", True))
             warmed = warmed or calls > 0
             outcome = execute.run_row(row, model, integration=integration, warmup=calls,
                                       repeats=job["repeats"], local_rank=local_rank, on_stage=stage,
