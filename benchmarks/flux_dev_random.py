@@ -50,6 +50,19 @@ def build(device: str = "cuda", seed: int = 0):
                         tokenizer_2=t5_tokenizer(max_length=512), transformer=transformer)
 
 
+def build_if_missing(folder: str, extra: list[str], device: str | None = None) -> None:
+    """The benchmarks' --build: write the folder in a process of its own when it holds no model yet; the device is
+    `device`, else the `--device` among the benchmark's passed-on options `extra`, else cuda."""
+    import subprocess
+    import sys
+
+    if (Path(folder) / "model_index.json").is_file():
+        return
+    if device is None:
+        device = extra[extra.index("--device") + 1] if "--device" in extra else "cuda"
+    subprocess.run([sys.executable, __file__, folder, "--device", device], check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)

@@ -51,10 +51,10 @@ def main() -> int:
     parser.add_argument("--build", action="store_true", help="write the FLUX.1-dev-config folder MODEL first "
                         "when it is missing (benchmarks/flux_dev_random.py)")
     args, extra = parser.parse_known_args()
-    if args.build and not (Path(args.model) / "model_index.json").is_file():
-        device = extra[extra.index("--device") + 1] if "--device" in extra else "cuda"
-        subprocess.run([sys.executable, str(Path(__file__).with_name("flux_dev_random.py")), args.model,
-                        "--device", device], check=True)
+    if args.build:
+        from flux_dev_random import build_if_missing  # beside this script
+
+        build_if_missing(args.model, extra)
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "store"
     shutil.rmtree(store, ignore_errors=True)  # the first run starts from nothing

@@ -52,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.build and not (Path(args.model) / "model_index.json").is_file():
-        subprocess.run([sys.executable, str(Path(__file__).with_name("flux_dev_random.py")), args.model,
-                        "--device", args.device], check=True)
+    if args.build:
+        from flux_dev_random import build_if_missing  # beside this script
+
+        build_if_missing(args.model, extra, args.device)
     common = ["--rows", args.rows, "--dtype", args.dtype, "--device", args.device, *extra]
     runs = []
     for pair in range(args.pairs):
