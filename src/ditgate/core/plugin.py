@@ -16,6 +16,11 @@
         block list's attribute, or `"transformer_2.blocks"` for a list of another transformer component. A list it
         does not name is split on dimension 1, the sequence of `[batch, sequence, dim]`. ditgate's CP proof checks
         each list on its dimension; a factorized model (attention within frames, then across frames) needs it.
+    NOT_COVERED = {"cache": ["transformer_2"]}
+        Not a function: the transformer components a feature deliberately leaves alone (features `cache`, `cp`,
+        `tp`). The proofs check every transformer the pipeline calls and fail a feature that acts on one and not on
+        another, naming both; a transformer declared here is reported "not covered" instead (and fails if the
+        feature acts on it after all).
 
 `cp_plan` and `tp_plan` are registered as cache-dit planners for the transformer's class, ahead of any planner
 cache-dit already has for it; the code moves into cache-dit unchanged as a planner's `_apply`. Planners for a text
@@ -38,6 +43,8 @@ from ditgate.core.errors import DitgateError
 
 HOOKS = ("block_adapter", "cp_plan", "tp_plan")
 SPLIT_DIMS = "CP_SPLIT_DIMS"
+NOT_COVERED = "NOT_COVERED"
+COVERED_FEATURES = ("cache", "cp", "tp")  # the features whose proofs look at every transformer
 
 
 class PluginError(DitgateError):
@@ -51,6 +58,7 @@ class Integration:
     cp_plan: Callable | None = None
     tp_plan: Callable | None = None
     cp_split_dims: dict[str, int | None] | None = None
+    not_covered: dict[str, list[str]] | None = None  # feature -> transformer components it leaves alone
 
     def register_planners(self, class_names: list[str]) -> Callable[[], None]:
         """Make cache-dit use this file's CP/TP plans for transformers of these classes (in this process).
@@ -149,7 +157,20 @@ def load(path: str | Path | None) -> Integration | None:
             raise PluginError(f"{path}: {hook} must be a function")
     if not any(hooks.values()):
         raise PluginError(f"{path} defines none of {', '.join(HOOKS)}")
-    return Integration(path=path, cp_split_dims=split_dims(path, getattr(module, SPLIT_DIMS, None)), **hooks)
+    return Integration(path=path, cp_split_dims=split_dims(path, getattr(module, SPLIT_DIMS, None)),
+                       not_covered=not_covered(path, getattr(module, NOT_COVERED, None)), **hooks)
+
+
+def not_covered(path: Path, value: Any) -> dict[str, list[str]] | None:
+    """The file's NOT_COVERED, checked: {feature: [transformer component, ...]}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+            k in COVERED_FEATURES and isinstance(v, (list, tuple)) and all(isinstance(n, str) and n for n in v)
+            for k, v in value.items()):
+        raise PluginError(f"{path}: {NOT_COVERED} must map a feature ({', '.join(COVERED_FEATURES)}) to a list of "
+                          f"transformer component names, got {value!r}")
+    return {k: list(v) for k, v in value.items()}
 
 
 def split_dims(path: Path, value: Any) -> dict[str, int | None] | None:
