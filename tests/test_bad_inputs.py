@@ -122,6 +122,10 @@ def files(tmp_path_factory, zoo_path):
     # `this` prints the Zen of Python), a relative module name
     for name, change in {"call-list": ("ditgate.json", {"call": [1]}),
                          "json-output-type": ("ditgate.json", {"call": {"output_type": "pt"}}),
+                         "vocab-lies": ("text_encoder/config.json", {"vocab_size": 8}),
+                         "layers-lie": ("transformer/config.json", {"num_layers": 10**9}),
+                         "heads-lie": ("transformer/config.json", {"num_attention_heads": -4}),
+                         "linked-config": ("ditgate.json", {}),
                          "class-stdlib": ("model_index.json", {"_class_name": ["this", "X"]}),
                          "class-relative": ("model_index.json", {"_class_name": ["..evil", "X"]}),
                          "component-stdlib": ("model_index.json", {"transformer": ["os", "path"]})}.items():
@@ -130,6 +134,8 @@ def files(tmp_path_factory, zoo_path):
         file, values = change
         data = json.loads((folder / file).read_text()) if (folder / file).is_file() else {}
         (folder / file).write_text(json.dumps(data | values))
+    (t / "linked-config" / "scheduler" / "scheduler_config.json").unlink()
+    (t / "linked-config" / "scheduler" / "scheduler_config.json").symlink_to(t / "precious.txt")
     return t
 
 
@@ -350,6 +356,13 @@ CASES = {
                                         "--out", "{t}/out"], ["no row compares with it", "phase: quantization"]),
     "matrix-rows-without-phase": (["matrix", "zoo:flux", "--rows-file", "{t}/rows/cache-no-phase.yaml", "--out",
                                    "{t}/out"], ["names no phase"]),
+    # twin: configs that lie, and a link out of the model folder (the twin copies files: it would copy the target)
+    "twin-config-vocab-below-the-tokenizer": (["twin", "{t}/vocab-lies", "{t}/out"],
+                                              ["vocab_size is 8", "tokenizer has"]),
+    "twin-config-billion-layers": (["twin", "{t}/layers-lie", "{t}/out"], ["1,000,000,000"]),
+    "twin-config-negative-heads": (["twin", "{t}/heads-lie", "{t}/out"], ["does not build", "negative dimension"]),
+    "twin-file-linked-out-of-the-folder": (["twin", "{t}/linked-config", "{t}/out"],
+                                           ["scheduler_config.json is a symbolic link out of the model folder"]),
     # gate: what an array holds, said as such; hints name the command's own options, never the library's keywords
     "gate-empty-array": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/empty.npy"],
                          ["holds an empty array", "!looks like"]),
