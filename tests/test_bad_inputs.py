@@ -30,9 +30,11 @@ class _Boom:
         return (open, (self.marker, "w"))
 
 
-@pytest.fixture()
-def files(tmp_path, zoo_path):
-    t = tmp_path
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, zoo_path):
+    """Every case's input files, made once for the module (each case only reads them; a case that made something
+    fails, and what it made is removed before the next case)."""
+    t = tmp_path_factory.mktemp("bad-inputs")
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(t / "ok.png")
     np.save(t / "ok.npy", np.zeros((4, 8), np.float32))
     (t / "garbage.npy").write_bytes(b"\x93NUMPY garbage that is not a header")
@@ -63,6 +65,10 @@ def files(tmp_path, zoo_path):
         "desc-list": "- {name: x, description: [a]}",
         "huge-size": "- {name: x, phase: cp, parallel: {ulysses_size: 100000000000000000000}}",
         "phase-list": "- {name: x, phase: [cp]}",
+        "cache-no-phase": "- {name: x, cache: {Fn_compute_blocks: 1}}",
+        "parallel-no-phase": "- {name: x, parallel: {ulysses_size: 2}}",
+        "compile-no-phase": "- {name: x, compile: true}",
+        "reference-nobody-compares": "- {name: x, baseline: null, quantize: {quant_type: float8_per_row}}",
     }.items():
         (rows / f"{name}.yaml").write_text(text + "\n")
     # transformer configs that lie: rotary axes that do not sum to the head size, a billion layers, negative heads
@@ -75,6 +81,7 @@ def files(tmp_path, zoo_path):
     (t / "empty").mkdir()
     (t / "list.json").write_text("[1, 2]")
     (t / "bad.json").write_text("{not json")
+    (t / "call-output-type.json").write_text('{"output_type": "latent"}')
     (t / "plugin.py").write_text((Path(__file__).parent / "plugins" / "flux_good.py").read_text())
     # a run folder with a corrupt run.json, and one whose finished row has a corrupt result.json
     (t / "corrupt-run").mkdir()
@@ -88,6 +95,7 @@ def files(tmp_path, zoo_path):
     # model folders that lie: a call that is not a mapping, a pipeline class from the standard library (importing
     # `this` prints the Zen of Python), a relative module name
     for name, change in {"call-list": ("ditgate.json", {"call": [1]}),
+                         "json-output-type": ("ditgate.json", {"call": {"output_type": "pt"}}),
                          "class-stdlib": ("model_index.json", {"_class_name": ["this", "X"]}),
                          "class-relative": ("model_index.json", {"_class_name": ["..evil", "X"]}),
                          "component-stdlib": ("model_index.json", {"transformer": ["os", "path"]})}.items():
@@ -291,28 +299,80 @@ CASES = {
     "twin-out-unwritable": (["twin", "zoo:flux", UNWRITABLE], ["/sys"]),
     # lint: a folder that is not a skill is one line
     "lint-not-a-skill": (["lint", "{t}/list-index"], ["holds no SKILL.md", "not a skill"]),
+    # call arguments ditgate sets itself, or outputs it would not gate, refused instead of replaced in silence
+    "run-call-output-type": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--call", "output_type=pil"],
+                             ["output_type", "ditgate passes it itself"]),
+    "run-call-step-callback": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--call",
+                                "callback_on_step_end=null"], ["callback_on_step_end", "passes it itself"]),
+    "run-call-generator": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--call", "generator=3"],
+                           ["generator", "passes it itself"]),
+    "run-call-two-images-per-prompt": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--call",
+                                        "num_images_per_prompt=2"], ["num_images_per_prompt=2", "one output"]),
+    "run-call-file-output-type": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--call-file",
+                                   "{t}/call-output-type.json"], ["output_type", "--call-file"]),
+    "run-ditgate-json-output-type": (["run", "{t}/json-output-type", "--rows", "cache", "--out", "{t}/out"],
+                                     ["ditgate.json", "output_type"]),
+    "inspect-ditgate-json-output-type": (["inspect", "{t}/json-output-type"], ["ditgate.json", "output_type"]),
+    # a row that configures a feature but names no phase would run and never be gated
+    "rows-cache-without-phase": (["run", "zoo:flux", "--rows-file", "{t}/rows/cache-no-phase.yaml", "--out",
+                                  "{t}/out"], ["cache-no-phase.yaml", "names no phase", "phase: cache"]),
+    "rows-parallel-without-phase": (["run", "zoo:flux", "--rows-file", "{t}/rows/parallel-no-phase.yaml", "--out",
+                                     "{t}/out"], ["names no phase", "phase: cp"]),
+    "rows-compile-without-phase": (["run", "zoo:flux", "--rows-file", "{t}/rows/compile-no-phase.yaml", "--out",
+                                    "{t}/out"], ["names no phase", "phase: compile"]),
+    "rows-reference-nobody-compares": (["run", "zoo:flux", "--rows-file", "{t}/rows/reference-nobody-compares.yaml",
+                                        "--out", "{t}/out"], ["no row compares with it", "phase: quantization"]),
+    "matrix-rows-without-phase": (["matrix", "zoo:flux", "--rows-file", "{t}/rows/cache-no-phase.yaml", "--out",
+                                   "{t}/out"], ["names no phase"]),
+    # --junit FILE that cannot be written at the end: refused before any row runs
+    "run-junit-a-folder": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--junit", "{t}/empty"],
+                           ["--junit", "is a folder"]),
+    "run-junit-missing-folder": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--junit",
+                                  "{t}/nope/run.xml"], ["--junit", "does not exist"]),
+    "run-junit-under-a-file": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--junit",
+                                "{t}/a-file/run.xml"], ["--junit", "is not a folder"]),
+    "run-junit-read-only": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--junit", "/sys/run.xml"],
+                            ["--junit", "cannot write in /sys"]),
+    "matrix-junit-a-folder": (["matrix", "zoo:flux", "--out", "{t}/out", "--junit", "{t}/empty"], ["is a folder"]),
+    "matrix-junit-read-only": (["matrix", "zoo:flux", "--out", "{t}/out", "--junit", "/sys/m.xml"],
+                               ["cannot write in /sys"]),
+    "checklist-junit-missing-folder": (["checklist", "cache", "--model", "zoo:flux", "--out", "{t}/out", "--junit",
+                                        "{t}/nope/c.xml"], ["does not exist"]),
+    "checklist-junit-read-only": (["checklist", "cache", "--model", "zoo:flux", "--out", "{t}/out", "--junit",
+                                   "/sys/c.xml"], ["cannot write in /sys"]),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input_exits_2_with_one_line(name, files, capsys):
+    """A word starting with "!" must not be in the message (an option the command does not have, say)."""
     from ditgate.cli import main
 
     args, words = CASES[name]
     try:
-        code = main(_fmt(args, files))
-    except SystemExit as exc:  # argparse exits 2 by itself, with the usage and one error line
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2, (name, code, err[-2000:])
-    lines = [line for line in err.splitlines() if line.startswith("ditgate")]
-    assert "Traceback" not in err, err
-    assert lines, err
-    for word in words:
-        assert word.format(t=files) in err, (name, err)
-    assert not (files / "out").exists(), "a refused command made its output folder"
-    assert not (files / "PWNED").exists(), "loading an input ran code"
-    assert not (files / "project").exists() or not any((files / "project").rglob("SKILL.md"))
+        try:
+            code = main(_fmt(args, files))
+        except SystemExit as exc:  # argparse exits 2 by itself, with the usage and one error line
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 2, (name, code, err[-2000:])
+        lines = [line for line in err.splitlines() if line.startswith("ditgate")]
+        assert "Traceback" not in err, err
+        assert lines, err
+        for word in words:
+            if word.startswith("!"):
+                assert word[1:].format(t=files) not in err, (name, err)
+            else:
+                assert word.format(t=files) in err, (name, err)
+        assert not (files / "out").exists(), "a refused command made its output folder"
+        assert not (files / "PWNED").exists(), "loading an input ran code"
+        assert not (files / "project").exists() or not any((files / "project").rglob("SKILL.md"))
+    finally:  # the files are shared by every case: nothing a failing case made reaches the next one
+        for made in ("out", "PWNED", "project"):
+            if (files / made).is_dir():
+                shutil.rmtree(files / made)
+            else:
+                (files / made).unlink(missing_ok=True)
 
 
 def test_ditgate_alone_prints_the_help(run_cli):
@@ -426,6 +486,8 @@ BAD_MODEL_OPTIONS = {
     "pipeline-not-installed": (["--pipeline", "nosuchmodule_xyz:X"], "nosuchmodule_xyz"),
     "pipeline-without-module": (["--pipeline", "FluxPipelineX"], "FluxPipelineX"),
     "pipeline-standard-library": (["--pipeline", "os:path"], "os"),
+    "call-output-type": (["--call", "output_type=latent"], "output_type"),
+    "call-images-per-prompt": (["--call", "num_images_per_prompt=2"], "num_images_per_prompt"),
 }
 BAD_MODELS = {
     "missing": ("{t}/no-model", "no-model"),
@@ -434,6 +496,7 @@ BAD_MODELS = {
     "index-a-list": ("{t}/list-index", "model_index.json"),
     "index-a-string": ("{t}/string-index", "model_index.json"),
     "empty-folder": ("{t}/empty", "model_index.json"),
+    "call-sets-output-type": ("{t}/json-output-type", "output_type"),  # ditgate.json's "call"
 }
 MODEL_CASES = {
     **{f"{c}-{b}": (c, "zoo:flux", extra, word) for c in MODEL_COMMANDS for b, (extra, word) in
@@ -443,8 +506,12 @@ MODEL_CASES = {
 
 
 @pytest.fixture(scope="module")
-def model_files(tmp_path_factory):
+def model_files(tmp_path_factory, zoo_path):
     t = tmp_path_factory.mktemp("bad-models")
+    folder = t / "json-output-type"
+    shutil.copytree(zoo_path("flux"), folder, ignore=lambda d, names: [n for n in names if n.endswith(".safetensors")])
+    meta = json.loads((folder / "ditgate.json").read_text()) if (folder / "ditgate.json").is_file() else {}
+    (folder / "ditgate.json").write_text(json.dumps(meta | {"call": meta.get("call", {}) | {"output_type": "pt"}}))
     (t / "a-file").write_text("a plain file")
     (t / "empty").mkdir()
     for name, text in {"list-index": "[1, 2, 3]", "string-index": '"FluxPipeline"'}.items():
