@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 UNWRITABLE = "/sys/ditgate-unwritable"  # refused even to root (sysfs)
+PRECIOUS = "a file outside every folder a command writes: links point at it"
 
 
 class _Boom:
@@ -37,6 +38,12 @@ def files(tmp_path_factory, zoo_path):
     t = tmp_path_factory.mktemp("bad-inputs")
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(t / "ok.png")
     np.save(t / "ok.npy", np.zeros((4, 8), np.float32))
+    rng = np.random.default_rng(0)
+    for name, array in {"empty": np.zeros((0,), np.float32), "scalar": np.float32(3), "text": np.array(["a", "bc"]),
+                        "chw": rng.random((3, 32, 32), np.float32), "int-image": np.zeros((32, 32, 3), np.int32),
+                        "wide-image": rng.random((32, 32, 3), np.float32) * 255, "wave": rng.random((1, 4000)),
+                        "tiny-square": rng.random((3, 3, 3), np.float32)}.items():
+        np.save(t / f"{name}.npy", array)
     (t / "garbage.npy").write_bytes(b"\x93NUMPY garbage that is not a header")
     (t / "garbage.pt").write_bytes(b"not a zip, not a pickle")
     with open(t / "evil.pt", "wb") as out:  # a plain pickle that would create t/PWNED when unpickled
@@ -86,12 +93,31 @@ def files(tmp_path_factory, zoo_path):
     # a run folder with a corrupt run.json, and one whose finished row has a corrupt result.json
     (t / "corrupt-run").mkdir()
     (t / "corrupt-run" / "run.json").write_text("{not json")
+    # run folders with links out of them: --resume would write (or truncate) what they point at
+    (t / "precious.txt").write_text(PRECIOUS)
+    (t / "outside").mkdir()
+    for name in ("linked-row", "linked-result", "linked-lock"):
+        (t / name / "rows" / "cache").mkdir(parents=True)
+        (t / name / "run.json").write_text("{}")
+    shutil.rmtree(t / "linked-row" / "rows" / "cache")
+    (t / "linked-row" / "rows" / "cache").symlink_to(t / "outside", target_is_directory=True)
+    (t / "linked-result" / "rows" / "cache" / "result.json").symlink_to(t / "precious.txt")
+    (t / "linked-lock" / ".lock").symlink_to(t / "precious.txt")
     # a skill source with a broken link in references/
     skill = t / "skill-src"
     (skill / "references").mkdir(parents=True)
     (skill / "SKILL.md").write_text("---\nname: broken-link-skill\ndescription: a skill with a dangling link\n---\n"
                                     "# Broken\n")
     (skill / "references" / "gone.md").symlink_to(t / "does-not-exist.md")
+    # skill sources with links out of the skill: a file, a folder, SKILL.md itself
+    for name, (rel, target) in {"skill-linked-file": ("references/x.md", t / "precious.txt"),
+                                "skill-linked-folder": ("examples", t / "outside"),
+                                "skill-linked-md": ("SKILL.md", t / "outside-skill.md")}.items():
+        (t / name / "references").mkdir(parents=True)
+        if rel != "SKILL.md":
+            (t / name / "SKILL.md").write_text(f"---\nname: {name}\ndescription: a skill with a link out\n---\n# X\n")
+        (t / name / rel).symlink_to(target, target_is_directory=Path(target).is_dir())
+    (t / "outside-skill.md").write_text("---\nname: skill-linked-md\ndescription: outside\n---\n# X\n")
     # model folders that lie: a call that is not a mapping, a pipeline class from the standard library (importing
     # `this` prints the Zen of Python), a relative module name
     for name, change in {"call-list": ("ditgate.json", {"call": [1]}),
@@ -324,6 +350,48 @@ CASES = {
                                         "--out", "{t}/out"], ["no row compares with it", "phase: quantization"]),
     "matrix-rows-without-phase": (["matrix", "zoo:flux", "--rows-file", "{t}/rows/cache-no-phase.yaml", "--out",
                                    "{t}/out"], ["names no phase"]),
+    # gate: what an array holds, said as such; hints name the command's own options, never the library's keywords
+    "gate-empty-array": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/empty.npy"],
+                         ["holds an empty array", "!looks like"]),
+    "gate-scalar-array": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/scalar.npy"], ["a single number"]),
+    "gate-scalar-pair": (["gate", "--phase", "cp", "{t}/scalar.npy", "{t}/scalar.npy"], ["a single number"]),
+    "gate-text-array": (["gate", "--phase", "cp", "{t}/text.npy", "{t}/ok.png"], ["not numbers"]),
+    "gate-channels-first-beside-an-image": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/chw.npy"],
+                                            ["(3, 32, 32) array", "channels-first", "--modality", "!looks like"]),
+    "gate-integer-image-array": (["gate", "--phase", "cp", "{t}/int-image.npy", "{t}/int-image.npy"],
+                                 ["--value-range LOW HIGH", "!value_range="]),
+    "gate-image-array-beyond-0-1": (["gate", "--phase", "cp", "{t}/wide-image.npy", "{t}/wide-image.npy"],
+                                    ["--value-range", "!value_range="]),
+    "gate-ambiguous-layout": (["gate", "--phase", "cp", "{t}/tiny-square.npy", "{t}/tiny-square.npy", "--modality",
+                               "image"], ["channels last", "!layout="]),
+    "gate-audio-array-without-rate": (["gate", "--phase", "cp", "{t}/wave.npy", "{t}/wave.npy", "--modality",
+                                       "audio"], ["--sample-rate", "!sample_rate="]),
+    "gate-value-range-on-image-files": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/ok.png", "--value-range", "0",
+                                         "255"], ["--value-range applies to"]),
+    "gate-value-range-upside-down": (["gate", "--phase", "cp", "{t}/wide-image.npy", "{t}/wide-image.npy",
+                                      "--value-range", "255", "0"], ["HIGH must be above LOW"]),
+    "gate-floor-on-latents": (["gate", "--phase", "cp", "{t}/ok.npy", "{t}/ok.npy", "--floor", "psnr=3"],
+                              ["--floor sets", "!floor="]),
+    # skill sources holding links out of the skill: refused, nothing installed
+    "skill-link-to-a-file-outside": (["skill", "install", "--target", "{t}/project", "--source",
+                                      "{t}/skill-linked-file"], ["references/x.md is a link out of the skill"]),
+    "skill-link-to-a-folder-outside": (["skill", "install", "--target", "{t}/project", "--source",
+                                        "{t}/skill-linked-folder"], ["examples is a link out of the skill"]),
+    "skill-skill-md-linked-outside": (["skill", "install", "--target", "{t}/project", "--source",
+                                       "{t}/skill-linked-md"], ["SKILL.md is a link out of the skill"]),
+    "skill-link-outside-with-link-mode": (["skill", "install", "--target", "{t}/project", "--link", "--source",
+                                           "{t}/skill-linked-file"], ["references/x.md is a link out"]),
+    "skill-broken-link-with-link-mode": (["skill", "install", "--target", "{t}/project", "--link", "--source",
+                                          "{t}/skill-src"], ["references/gone.md is a broken link"]),
+    # --resume into a run folder holding links that point out of it
+    "run-resume-linked-row-folder": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/linked-row", "--resume"],
+                                     ["rows/cache is a symbolic link", "only inside its folder"]),
+    "run-resume-linked-result": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/linked-result", "--resume"],
+                                 ["result.json is a symbolic link"]),
+    "run-resume-linked-lock": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/linked-lock", "--resume"],
+                               [".lock is a symbolic link"]),
+    "run-linked-lock-without-resume": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/linked-lock"],
+                                       [".lock is a symbolic link"]),
     # --junit FILE that cannot be written at the end: refused before any row runs
     "run-junit-a-folder": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/out", "--junit", "{t}/empty"],
                            ["--junit", "is a folder"]),
@@ -366,7 +434,8 @@ def test_bad_input_exits_2_with_one_line(name, files, capsys):
                 assert word.format(t=files) in err, (name, err)
         assert not (files / "out").exists(), "a refused command made its output folder"
         assert not (files / "PWNED").exists(), "loading an input ran code"
-        assert not (files / "project").exists() or not any((files / "project").rglob("SKILL.md"))
+        assert (files / "precious.txt").read_text() == PRECIOUS and not any((files / "outside").iterdir())
+        assert not (files / "project").exists()
     finally:  # the files are shared by every case: nothing a failing case made reaches the next one
         for made in ("out", "PWNED", "project"):
             if (files / made).is_dir():
@@ -540,3 +609,51 @@ def test_every_model_command_refuses_bad_models_and_options(name, model_files, c
     assert lines and lines[-1].startswith("ditgate") and word in lines[-1], (name, err)
     assert len(lines) == 1 or lines[0].startswith("usage:"), ("more than one line", name, err)
     assert not (model_files / "out").exists(), "a refused command made its output folder"
+
+
+# A full disk says "disk full" and names the file (numpy's own write of a real file said "16384 requested and 7136
+# written"). The file system is a small tmpfs, mounted for the test (root only).
+@pytest.fixture()
+def small_disk(tmp_path):
+    import subprocess
+
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small file system here (needs root)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_full_disk_says_disk_full_with_the_file(small_disk):
+    from ditgate.cli import _os_error
+    from ditgate.run.exec.files import write_array
+
+    target = small_disk / "rows" / "baseline" / "output.npy"
+    with pytest.raises(OSError) as caught:
+        write_array(target, np.zeros((64, 64, 64), np.float32))  # 1 MiB on a 64 KiB disk
+    message = _os_error(caught.value)
+    assert "disk full" in message and str(target) in message and "requested" not in message, message
+    assert not list(target.parent.iterdir())  # no half-written file left
+
+
+@pytest.mark.full
+def test_a_run_on_a_full_disk_says_disk_full(small_disk, run_cli):
+    code, _, err = run_cli("run", "zoo:flux", "--rows", "cache", "--out", small_disk / "run", "--fresh")
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    line = err.strip().splitlines()[-1]
+    assert "disk full" in line and str(small_disk / "run") in line and "requested" not in line, err[-2000:]
+
+
+def test_lint_reports_links_out_of_the_skill_and_broken_links(files, run_cli):
+    """The probe's case: `skill install --source` copied what `references/x.md -> /etc/passwd` points at, and lint
+    said nothing of it nor of a broken link. Lint names both (rule file-link) and never reads a linked file."""
+    code, out, err = run_cli("lint", files / "skill-linked-file", "--json")
+    found = {(f["file"], f["rule"]) for f in json.loads(out)["findings"]}
+    assert code == 1 and ("references/x.md", "file-link") in found, out
+    assert PRECIOUS not in out + err
+    code, out, _ = run_cli("lint", files / "skill-src", "--json")
+    assert ("references/gone.md", "file-link") in {(f["file"], f["rule"]) for f in json.loads(out)["findings"]}
