@@ -122,6 +122,10 @@ def files(tmp_path_factory, zoo_path):
     # `this` prints the Zen of Python), a relative module name
     for name, change in {"call-list": ("ditgate.json", {"call": [1]}),
                          "json-output-type": ("ditgate.json", {"call": {"output_type": "pt"}}),
+                         "vocab-lies": ("text_encoder/config.json", {"vocab_size": 8}),
+                         "layers-lie": ("transformer/config.json", {"num_layers": 10**9}),
+                         "heads-lie": ("transformer/config.json", {"num_attention_heads": -4}),
+                         "linked-config": ("ditgate.json", {}),
                          "class-stdlib": ("model_index.json", {"_class_name": ["this", "X"]}),
                          "class-relative": ("model_index.json", {"_class_name": ["..evil", "X"]}),
                          "component-stdlib": ("model_index.json", {"transformer": ["os", "path"]})}.items():
@@ -130,6 +134,8 @@ def files(tmp_path_factory, zoo_path):
         file, values = change
         data = json.loads((folder / file).read_text()) if (folder / file).is_file() else {}
         (folder / file).write_text(json.dumps(data | values))
+    (t / "linked-config" / "scheduler" / "scheduler_config.json").unlink()
+    (t / "linked-config" / "scheduler" / "scheduler_config.json").symlink_to(t / "precious.txt")
     return t
 
 
@@ -350,6 +356,13 @@ CASES = {
                                         "--out", "{t}/out"], ["no row compares with it", "phase: quantization"]),
     "matrix-rows-without-phase": (["matrix", "zoo:flux", "--rows-file", "{t}/rows/cache-no-phase.yaml", "--out",
                                    "{t}/out"], ["names no phase"]),
+    # twin: configs that lie, and a link out of the model folder (the twin copies files: it would copy the target)
+    "twin-config-vocab-below-the-tokenizer": (["twin", "{t}/vocab-lies", "{t}/out"],
+                                              ["vocab_size is 8", "tokenizer has"]),
+    "twin-config-billion-layers": (["twin", "{t}/layers-lie", "{t}/out"], ["1,000,000,000"]),
+    "twin-config-negative-heads": (["twin", "{t}/heads-lie", "{t}/out"], ["does not build", "negative dimension"]),
+    "twin-file-linked-out-of-the-folder": (["twin", "{t}/linked-config", "{t}/out"],
+                                           ["scheduler_config.json is a symbolic link out of the model folder"]),
     # gate: what an array holds, said as such; hints name the command's own options, never the library's keywords
     "gate-empty-array": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/empty.npy"],
                          ["holds an empty array", "!looks like"]),
@@ -657,3 +670,78 @@ def test_lint_reports_links_out_of_the_skill_and_broken_links(files, run_cli):
     assert PRECIOUS not in out + err
     code, out, _ = run_cli("lint", files / "skill-src", "--json")
     assert ("references/gone.md", "file-link") in {(f["file"], f["rule"]) for f in json.loads(out)["findings"]}
+
+
+# The result store (ditgate.run.reuse): an entry whose files were tampered with is never trusted. Each case damages a
+# stored entry; the store must answer "nothing stored" (the row is computed again) and remove the entry, and never
+# touch what a link points at. A store that cannot be written costs nothing but time.
+def _tamper_bytes(entry, outside):
+    data = bytearray((entry / "output.npy").read_bytes())
+    data[-1] ^= 0xFF
+    (entry / "output.npy").unlink()
+    (entry / "output.npy").write_bytes(bytes(data))
+
+
+def _tamper_link(entry, outside):  # same bytes, same size, same hash: but a link out of the store
+    outside.write_bytes((entry / "output.npy").read_bytes())
+    (entry / "output.npy").unlink()
+    (entry / "output.npy").symlink_to(outside)
+
+
+def _tamper_rehashed(entry, outside):  # the listing rewritten to match a changed result: it says the row failed
+    import hashlib
+
+    (entry / "result.json").unlink()
+    (entry / "result.json").write_text(json.dumps({"name": "baseline", "status": "error"}))
+    meta = json.loads((entry / "entry.json").read_text())
+    data = (entry / "result.json").read_bytes()
+    meta["files"]["result.json"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (entry / "entry.json").write_text(json.dumps(meta))
+
+
+STORE_TAMPERING = {
+    "output-changed": _tamper_bytes,
+    "output-linked-out-with-the-same-bytes": _tamper_link,
+    "output-removed": lambda entry, outside: (entry / "output.npy").unlink(),
+    "output-cut-short": lambda entry, outside: os.truncate(entry / "output.npy", 10),
+    "extra-file": lambda entry, outside: (entry / "latents.npy").write_bytes(b"planted"),
+    "extra-folder": lambda entry, outside: (entry / "sub").mkdir(),
+    "listing-not-json": lambda entry, outside: (entry / "entry.json").write_text("{not json"),
+    "listing-names-a-path-outside": lambda entry, outside: (entry / "entry.json").write_text(json.dumps(
+        {"run": "x", "files": {"../../../outside.npy": {"bytes": 1, "sha256": "0"}}})),
+    "result-says-error-rehashed": _tamper_rehashed,
+}
+
+
+@pytest.mark.parametrize("case", sorted(STORE_TAMPERING))
+def test_a_tampered_store_entry_is_computed_again(tmp_path, case):
+    from ditgate.run.reuse import Store
+
+    run_dir, outside = tmp_path / "run", tmp_path / "outside.npy"
+    row = run_dir / "rows" / "baseline"
+    row.mkdir(parents=True)
+    np.save(row / "output.npy", np.arange(64, dtype=np.float32))
+    (row / "result.json").write_text(json.dumps({"name": "baseline", "status": "ok"}))
+    store = Store(tmp_path / "store")
+    store.put("k", run_dir, "baseline")
+    entry = store.root / "entries" / "k"
+    assert store.get("k", tmp_path / "sound", "baseline") is not None  # sound before the damage
+    STORE_TAMPERING[case](entry, outside)
+    kept = outside.read_bytes() if outside.exists() else None
+    assert store.get("k", tmp_path / "later", "baseline") is None, case
+    assert not entry.exists() and not (tmp_path / "later" / "rows" / "baseline" / "result.json").exists()
+    assert (outside.read_bytes() if outside.exists() else None) == kept
+
+
+@pytest.mark.parametrize("root", ["a-file", "under-a-file"])
+def test_a_store_that_cannot_be_written_costs_only_time(tmp_path, root):
+    from ditgate.run.reuse import Store
+
+    (tmp_path / "a-file").write_text("not a folder")
+    run_dir = tmp_path / "run"
+    (run_dir / "rows" / "baseline").mkdir(parents=True)
+    np.save(run_dir / "rows" / "baseline" / "output.npy", np.zeros(4, np.float32))
+    (run_dir / "rows" / "baseline" / "result.json").write_text(json.dumps({"name": "baseline", "status": "ok"}))
+    store = Store(tmp_path / "a-file" if root == "a-file" else tmp_path / "a-file" / "store")
+    store.put("k", run_dir, "baseline")  # no exception: the run keeps its result
+    assert store.get("k", tmp_path / "other", "baseline") is None
