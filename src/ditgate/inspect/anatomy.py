@@ -43,8 +43,9 @@ JSON keys (`Anatomy.to_dict()`, printed by `ditgate inspect --json`):
   made_by, action}], `interleaved` [[list, list]], `list_layouts`, `chunked_modulation`, `gated_mlps`,
   `reads_block_input`, `packed_parameters` [{parameter, shape, tp}], `sequence_routing`, `attention_norms`
   {norm: "per head" | "across heads"}, `repeated_modules` {module: calls per forward}, `output_types`,
-  `calls_per_step` {transformer: calls per step}; `has_separate_cfg` is true when one transformer is called twice
-  in a step.
+  `calls_per_step` {transformer: calls per step}, `block_variants` {list: [{blocks, first, count, sublayers}]}
+  (`.variants`), `experts` [{layer, blocks, experts, packed, expert_list, router, routing, evidence, shared}]
+  (`.experts`); `has_separate_cfg` is true when one transformer is called twice in a step.
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ from ditgate.core.steps import SchedulerSteps
 from ditgate.core.errors import PipelineRunError
 from ditgate.inspect.model import Anatomy, BlockList, Component
 from ditgate.inspect.sequence import analyse_sequence, divisibility
-from ditgate.inspect.attention import analyse_attention, tp_layers
+from ditgate.inspect.attention import analyse_attention, tp_survey
 from ditgate.inspect.traits import analyse_traits, revise_tp_layers
-from ditgate.inspect.blocks import _analyse_lists, _positional, _signature, observe_transformer, static_block_lists
+from ditgate.inspect.blocks import _analyse_lists, observe_transformer, static_block_lists
 
 
 
@@ -317,14 +318,7 @@ def analyse(pipe, call: dict[str, Any], *, model: str = "<pipeline>", steps: int
     else:
         by_step = []
         calls_per_step = total / steps if steps else None
-    tp = {}
-    for t_name, transformer in transformers.items():
-        for attribute, blocks in block_lists(transformer).items():
-            record = probe.transformers[t_name].lists.get(attribute)
-            first = _positional(_signature(blocks[0].forward))[:1]
-            hidden = record.first_call.bound.get(first[0]) if record and record.first_call and first else None
-            dim = hidden.shape[-1] if getattr(hidden, "ndim", 0) == 3 else None
-            tp.setdefault(type(blocks[0]).__name__, tp_layers(blocks[0], dim))
+    tp = tp_survey(transformers, probe)
 
     revise_tp_layers(tp, traits)
     if traits.masks:  # over every call of the first step, not only the first one

@@ -109,11 +109,13 @@ def _add(items: list[str], item: str) -> None:
 
 
 def _attention_kind(q_len: int, kv_len: int, sequence: Sequence) -> str:
-    if q_len != kv_len:
-        return "cross"
-    if sequence.text_tokens and sequence.image_tokens and q_len == sequence.image_tokens + sequence.text_tokens:
+    """From the observed lengths: "joint" when the keys hold the image and the text tokens together (queries over
+    both, or image queries over image + text keys concatenated: the keys then contain the queries' own tokens, so
+    a split of the image splits the keys too), "cross" when the keys come from elsewhere, else "self"."""
+    img, txt = sequence.image_tokens, sequence.text_tokens
+    if img and txt and kv_len == img + txt and q_len in (img, img + txt):
         return "joint"
-    return "self"
+    return "self" if q_len == kv_len else "cross"
 
 
 def _mask_inputs(probe: Probe, result: Attention) -> None:
@@ -168,6 +170,26 @@ _OUT = re.compile(r"(^|\.)(to_out(\.0)?|to_add_out|o_proj|out_proj|wo|proj_attn)
 
 
 _MOD = re.compile(r"(^|\.)(norm\w*\.linear|adaLN\w*|\w*modulation\w*(\.\d+)?|scale_shift\w*)$")
+
+
+def tp_survey(transformers: dict[str, Any], probe: Probe) -> dict[str, list[dict[str, Any]]]:
+    """`tp_layers` of the first block of each structure of each block list, keyed by the block class, or by
+    `Class[blocks]` where blocks of one class differ (`ditgate.inspect.variants`)."""
+    from ditgate.inspect.blocks import _positional, _signature
+    from ditgate.inspect.variants import span, variants
+
+    tp: dict[str, list[dict[str, Any]]] = {}
+    for t_name, transformer in transformers.items():
+        for attribute, blocks in block_lists(transformer).items():
+            record = probe.transformers[t_name].lists.get(attribute)
+            first = _positional(_signature(blocks[0].forward))[:1]
+            hidden = record.first_call.bound.get(first[0]) if record and record.first_call and first else None
+            dim = hidden.shape[-1] if getattr(hidden, "ndim", 0) == 3 else None
+            groups = variants(blocks)
+            for g in groups:
+                key = type(blocks[0]).__name__ + (f"[{span(g)}]" if len(groups) > 1 else "")
+                tp.setdefault(key, tp_layers(blocks[g[0]], dim))
+    return tp
 
 
 def tp_layers(block, dim: int | None = None) -> list[dict[str, Any]]:

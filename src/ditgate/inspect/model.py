@@ -127,6 +127,8 @@ class Traits:
     long_skips: list[str] = field(default_factory=list)  # the first block's input added back after the blocks
     outside_calls: list[str] = field(default_factory=list)  # block sub-modules run outside their block
     calls_per_step: dict[str, float | None] = field(default_factory=dict)  # transformer -> calls per step
+    block_variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # list -> its block structures
+    experts: list[dict[str, Any]] = field(default_factory=list)  # expert layers: router, shared, routing kind
 
 
 @dataclass

@@ -38,6 +38,10 @@ def _traits(a) -> list[str]:
     lines += [f"  fused gated MLP: {name}" for name in t.gated_mlps]
     lines += [f"  packed parameter: {p['parameter']} {p['shape']}" for p in t.packed_parameters]
     lines += [f"  ! CP hazard, routing over the whole sequence: {note}" for note in t.sequence_routing]
+    lines += [f"  expert layer: {e['layer']} (blocks {e['blocks']}): {e['experts']} experts, router {e['router']}, "
+              f"shared {', '.join(e['shared']) or 'none'}, routing {e['routing']}" for e in t.experts]
+    lines += [f"  block structures of {name}: " + "; ".join(f"{r['blocks']}: {', '.join(r['sublayers'])}" for r in rows)
+              for name, rows in t.block_variants.items()]
     lines += [f"  norm inside attention: {name} ({kind})" for name, kind in t.attention_norms.items()]
     lines += [f"  called {n} times per forward: {name}" for name, n in t.repeated_modules.items()]
     lines += [f"  long skip: {note}" for note in t.long_skips]

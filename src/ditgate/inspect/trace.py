@@ -24,6 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ditgate.inspect.observe import HookedRecorder, block_lists, is_attention_module
+from ditgate.inspect.variants import variants
 
 _CHUNKS = {torch.Tensor.chunk, torch.chunk, torch.Tensor.split, torch.split, torch.Tensor.unbind, torch.unbind,
            torch.Tensor.tensor_split, torch.tensor_split}
@@ -63,6 +64,7 @@ class TraceRecord:
     name: str
     linears: dict[str, LinearUse] = field(default_factory=dict)
     sequence_sorts: list[str] = field(default_factory=list)  # "<module>: topk over dim 2 (64 = the sequence)"
+    block_sorts: list[dict[str, Any]] = field(default_factory=list)  # every sort in a block: module, op, dim, shape
     attention_norms: dict[str, str] = field(default_factory=dict)  # norm path -> "per head" | "across heads"
     repeated_modules: dict[str, int] = field(default_factory=dict)  # module path -> calls in one forward (> 1)
     output_type: str | None = None
@@ -154,7 +156,9 @@ class Trace(HookedRecorder):
                 self._entry = None
 
         self._hook(transformer, enter, leave)
-        first_blocks = {id(blocks[0]): list_name for list_name, blocks in lists.items()}
+        # the first block of each structure a list holds (block 0, and e.g. the first MoE block after dense ones)
+        followed = {list_name: {str(g[0]) for g in variants(blocks)} for list_name, blocks in lists.items()}
+        first_blocks = {id(blocks[int(i)]) for list_name, blocks in lists.items() for i in followed[list_name]}
         for path, module in transformer.named_modules():
             if not path:
                 continue
@@ -173,7 +177,7 @@ class Trace(HookedRecorder):
             if is_attention_module(module):
                 group = _group(path, lists)
                 self._hook(module, *self._attention_hooks(group))
-            block0 = inside and path.split(".")[1:2] == ["0"]
+            block0 = inside and len(parts) >= 2 and parts[1] in followed[top]
             if block0 and isinstance(module, torch.nn.Linear):
                 self._hook(module, *self._linear_hooks(record, _group(path, lists), module))
             if block0 and "norm" in type(module).__name__.lower():
@@ -280,8 +284,13 @@ class Trace(HookedRecorder):
         if func in _SORTS and self._seq and self._seq[-1] > 1 and args and isinstance(args[0], torch.Tensor):
             dim = _dim(func, args, kwargs)
             x = args[0]
-            if x.ndim and x.shape[dim] == self._seq[-1]:
-                where = self._modules_stack[-1] if self._modules_stack else "a block"
+            where = self._modules_stack[-1] if self._modules_stack else "a block"
+            over = bool(x.ndim) and x.shape[dim] == self._seq[-1]
+            entry = {"module": where, "op": _SORTS[func], "dim": dim % max(x.ndim, 1), "shape": list(x.shape),
+                     "over_sequence": over}
+            if entry not in record.block_sorts:
+                record.block_sorts.append(entry)
+            if over:
                 note = (f"{where}: {_SORTS[func]} over dim {dim % x.ndim} of {list(x.shape)} "
                         f"({x.shape[dim]} = the sequence)")
                 if note not in record.sequence_sorts:

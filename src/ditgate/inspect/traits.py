@@ -75,11 +75,15 @@ def packed_parameters(t_name: str, transformer, lists: dict) -> list[dict[str, A
     import torch
 
     found = []
+    from ditgate.inspect.variants import variants
+
     for attribute, blocks in lists.items():
-        for path, param in blocks[0].named_parameters():
-            owner = blocks[0].get_submodule(path.rsplit(".", 1)[0]) if "." in path else blocks[0]
+        firsts = [blocks[g[0]] for g in variants(blocks)]  # every structure of the list, not block 0 alone
+        for block, path, param in [(b, p, q) for b in firsts for p, q in b.named_parameters()]:
+            owner = block.get_submodule(path.rsplit(".", 1)[0]) if "." in path else block
             # several matrices stacked on dim 0 (experts); a [1, n, dim] table is a per-block constant
-            if param.ndim >= 3 and param.shape[0] > 1 and not isinstance(owner, torch.nn.modules.conv._ConvNd):
+            if param.ndim >= 3 and param.shape[0] > 1 and not isinstance(owner, torch.nn.modules.conv._ConvNd) \
+                    and f"{t_name}.{attribute}.*.{path}" not in [f["parameter"] for f in found]:
                 found.append({"parameter": f"{t_name}.{attribute}.*.{path}", "shape": list(param.shape),
                               "tp": "not a Linear: ColwiseParallel/RowwiseParallel cannot take it; keep it replicated,"
                                     " or shard each expert's hidden dimension by hand (distribute_tensor, Shard) and "
@@ -101,7 +105,9 @@ def mask_findings(masks: dict[str, list]) -> tuple[list[str], bool | None]:
 
 
 def analyse_traits(transformers: dict, probe, trace, lists: list, sequence_tokens: int | None) -> Traits:
+    from ditgate.inspect.experts import find_experts
     from ditgate.inspect.observe import block_lists
+    from ditgate.inspect.variants import describe
 
     traits = Traits()
     for t_name, transformer in transformers.items():
@@ -112,6 +118,8 @@ def analyse_traits(transformers: dict, probe, trace, lists: list, sequence_token
             if [f"{t_name}.{b}", f"{t_name}.{a}"] not in traits.interleaved:
                 traits.interleaved.append([f"{t_name}.{a}", f"{t_name}.{b}"])
         traits.packed_parameters += packed_parameters(t_name, transformer, block_lists(transformer))
+        traits.block_variants.update(describe(t_name, block_lists(transformer)))
+        traits.experts += find_experts(t_name, block_lists(transformer), tr.block_sorts)
         for layer, use in tr.linears.items():
             name = f"{t_name}.{layer}"
             if use.gated:

@@ -23,6 +23,7 @@ import select
 import signal
 import socket
 import sys
+from stat import S_ISDIR, S_ISSOCK
 import time
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def _private_folder(create: bool) -> Path | None:
         stat = where.lstat()
     except FileNotFoundError:
         return None
-    if where.is_symlink() or stat.st_uid != os.getuid() or stat.st_mode & 0o077:
+    if not S_ISDIR(stat.st_mode) or stat.st_uid != os.getuid() or stat.st_mode & 0o077:  # a link is no folder
         if create:
             raise DitgateError(f"{where} is not a private folder of this user (mode 0700): refusing to serve there")
         return None
@@ -79,7 +80,10 @@ def identity(environ: dict | None = None) -> dict:
 
 def _connect(timeout: float = 2.0) -> socket.socket | None:
     """A connection to a live server of this user, or None (no server, a stale socket, a folder not private)."""
-    if _private_folder(create=False) is None or not socket_path().exists():
+    try:
+        if _private_folder(create=False) is None or not S_ISSOCK(socket_path().lstat().st_mode):
+            return None  # no server, or a folder not the user's own, or a file there that is not a socket
+    except OSError:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout)

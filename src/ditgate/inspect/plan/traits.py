@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ditgate.inspect import experts
 from ditgate.inspect.traits import GATED, MODULATION
 
 if TYPE_CHECKING:
@@ -57,6 +58,14 @@ def cp_lines(a: "Anatomy") -> list[str]:
         if kind not in ("Tensor", "tuple", "list", "not called"):
             lines.append(f"- `{name}` returns `{kind}`: no root split or gather (`\"\"`), cache-dit's output hook "
                          "needs tensors; gather at the output projection")
+    lines += experts.plan_lines(t.experts)
+    for g in a.attention.groups:
+        if g.kind == "joint" and g.q_len != g.kv_len:
+            lines.append(f"- `{g.group}`: joint attention, image queries ({g.q_len}) on image + text keys "
+                         f"({g.kv_len}) concatenated: split the text with the image (kept whole, every rank's text "
+                         "keys would be gathered once per rank)" + (
+                             "; the mask covers both: reorder its key columns into the order the all-to-all gives "
+                             "the keys ([image_0, text_0, image_1, text_1])" if g.mask else ""))
     cross = [g for g in a.attention.groups if g.kind == "cross" and g.mask]
     for g in cross:
         lines.append(f"- `{g.group}`: cross-attention over a masked text sequence: keep it local (the text stays "
@@ -89,6 +98,10 @@ def tp_lines(a: "Anatomy") -> list[str]:
     lines += [f"- `{_short(name)}`: {GATED}" for name in t.gated_mlps]
     for item in t.packed_parameters:
         lines.append(f"- packed parameter `{_short(item['parameter'])}` {item['shape']}: {item['tp']}")
+    for name, rows in t.block_variants.items():
+        lines.append(f"- `{_short(name)}` holds blocks of {len(rows)} structures: " + "; ".join(
+            f"blocks {r['blocks']} ({', '.join(r['sublayers'])})" for r in rows)
+            + ": one TP layer plan per structure (a plan naming a sub-layer a block lacks fails)")
     for norm, kind in t.attention_norms.items():
         lines.append(f"- `{_short(norm)}` normalises {'one head' if kind == 'per head' else 'every head'}: "
                      + ("acts on local heads unchanged when heads are sharded" if kind == "per head" else

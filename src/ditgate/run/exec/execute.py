@@ -233,6 +233,7 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
         output, modality = decoded(out)
         facts = probes.facts(request.steps)
         facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else plugin.declared_split_dims()
+        facts["not_covered"] = integration.not_covered if integration is not None else None
         facts["cache"] = _cache_stats(target) if row.cache else None
         if row.cache and getattr(target, "patch_functor", None) is not None:  # an adapter given as a BlockAdapter
             facts["patch_functor"] = type(target.patch_functor).__name__

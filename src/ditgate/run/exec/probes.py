@@ -46,6 +46,7 @@ class Probes:
     block_shapes: dict[str, list[list[int]]] = field(default_factory=dict)  # shapes block 0 of each list returned
     transformer_calls: int = 0
     calls_by_transformer: dict[str, int] = field(default_factory=dict)  # component name -> calls
+    steps_by_transformer: dict[str, list[int]] = field(default_factory=dict)  # component -> the steps it served
     decoder_calls: int = 0
     noise: torch.Tensor | None = None
     latents: torch.Tensor | None = None  # from the step callback; see final_latents() for every pipeline
@@ -64,6 +65,7 @@ class Probes:
         self.block_seq_len.clear()
         self.block_shapes.clear()
         self.calls_by_transformer = {k: 0 for k in self.calls_by_transformer}
+        self.steps_by_transformer = {k: [] for k in self.steps_by_transformer}
         self.transformer_calls = self.decoder_calls = 0
         self.noise = self.latents = self.first_output = None
         self._spans.clear()
@@ -76,6 +78,7 @@ class Probes:
         eager = torch.compiler.disable if compiled else (lambda hook: hook)
         for tname, transformer in transformers_of(pipe).items():
             self.calls_by_transformer[tname] = 0
+            self.steps_by_transformer[tname] = []
             self._handles.append(transformer.register_forward_pre_hook(eager(self._on_transformer), with_kwargs=True))
             self._handles.append(transformer.register_forward_pre_hook(eager(self._count_calls(tname))))
             self._handles.append(transformer.register_forward_hook(eager(self._after_transformer)))
@@ -149,6 +152,9 @@ class Probes:
     def _count_calls(self, name):
         def hook(module, args):
             self.calls_by_transformer[name] += 1
+            step = self._steps.calls if self._steps is not None and self._steps.available else None
+            if step is not None and step not in self.steps_by_transformer[name][-1:]:
+                self.steps_by_transformer[name].append(step)  # the scheduler steps made before this call
         return hook
 
     def _counter(self, key):
@@ -237,6 +243,7 @@ class Probes:
             "block_shapes": {k: [list(s) for s in v] for k, v in self.block_shapes.items()},
             "transformer_calls": self.transformer_calls,
             "calls_by_transformer": dict(self.calls_by_transformer),
+            "steps_by_transformer": {k: list(v) for k, v in self.steps_by_transformer.items()},
             "calls_per_step": (self.transformer_calls / steps) if steps else None,
             "decoder_calls": self.decoder_calls,
             "transformer_time_s": self.transformer_time(),

@@ -115,7 +115,8 @@ def judge_row(runner, state) -> None:
     for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):
         state.proofs.append(proof.to_dict())
         if not proof.passed:
-            state.reasons.append(f"{proof.feature} did not act: {proof.detail}")
+            what = "left a transformer out" if proofs.partial(proof.coverage) else "did not act"
+            state.reasons.append(f"{proof.feature} {what}: {proof.detail}")
 
 
 def audio_floor(runner) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from ditgate.run.report import floor_report, twin_report
 from ditgate.run.report.grid import grid
 from ditgate.run.exec import files as store
 from ditgate.gates.verdicts import format_value, json_ready
+from ditgate.run.judge.proofs import acted_word
 from ditgate.run.report import spread
 from ditgate.core.paths import checklists_dir
 
@@ -37,11 +38,13 @@ def _status(state) -> str:
 
 
 def acted(state) -> dict[str, Any] | None:
-    """What the probes saw the row's features do, kept apart from its verdict: {feature: {"acted", "detail"}};
-    a feature that acted is evidence that it ran, not that it is right (the verdict and `status` say that)."""
+    """What the probes saw the row's features do, kept apart from its verdict: {feature: {"acted", "detail"}, and
+    with several transformers "transformers": {name: "acted" | "did not act" | "not covered"}}; a feature that
+    acted is evidence that it ran, not that it is right (the verdict and `status` say that)."""
     if not state.proofs:
         return None
-    return {p["feature"]: {"acted": bool(p["passed"]), "detail": p["detail"]} for p in state.proofs}
+    return {p["feature"]: {"acted": bool(p["passed"]), "detail": p["detail"],
+                           **({"transformers": p["coverage"]} if p.get("coverage") else {})} for p in state.proofs}
 
 
 def outcome(rows: list[dict[str, Any]]) -> str:
@@ -299,8 +302,8 @@ def markdown(report: dict[str, Any]) -> str:
         status = {r["name"]: r["status"] for r in report["rows"]}
         lines += ["", "## What each feature did (what the probes saw, not a verdict: a feature that acted can still be "
                       "wrong; the verdict column says whether the row is right)", ""]
-        lines += [f"- {name} / {p['feature']}: {'acted' if p['passed'] else 'DID NOT ACT'} — {p['detail']} "
-                  f"(verdict: {status[name]})" for name, p in proofs]
+        lines += [f"- {name} / {p['feature']}: {acted_word(p)} — {p['detail']} (verdict: {status[name]})"
+                  for name, p in proofs]
     careful = [r for r in report["rows"] if r.get("speedup_caveats")]
     if careful:
         lines += ["", "## Speedups to read with care", ""]

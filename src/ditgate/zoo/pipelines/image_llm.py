@@ -1,6 +1,7 @@
 """Tiny image pipelines whose text side is a language model inside or beside the DiT: Krea 2 (Qwen3-VL layers
 fed to text blocks), PRX (T5Gemma encoder), OmniGen (the transformer is a Phi-3 LLM over text and image tokens),
-Bria FIBO (SmolLM3 layers, structured JSON prompts).
+Bria FIBO (SmolLM3 layers, structured JSON prompts), Nucleus-MoE (Qwen3-VL; image queries on image + text keys,
+diffusers' packed-expert MoE with expert-choice routing and a shared expert).
 
 Same conventions as `image_mmdit`: 4 heads, 32x32 images, seeded weights, eval mode.
 """
@@ -37,6 +38,31 @@ def build_krea2(seed: int = 0):
                                                 base_image_seq_len=256, max_image_seq_len=6400)
     return Krea2Pipeline(transformer=transformer, vae=parts["vae"], scheduler=scheduler, text_encoder=text_encoder,
                          tokenizer=enc.llm_tokenizer("qwen2"), text_encoder_select_layers=(0, 1, 2))
+
+
+def build_nucleusmoe(seed: int = 0):
+    """NucleusMoEImagePipeline: 3 single-stream blocks of diffusers' own layers, block 0 dense and blocks 1-2 MoE
+    (4 packed SwiGLU experts as 3-D parameters, expert-choice routing over the whole sequence, a shared expert);
+    image queries attend to image + text keys concatenated, with the text's padding mask (padded to a multiple of
+    8); a 4-layer Qwen3-VL text encoder whose tokenizer stands in for the processor (it takes the same text call)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, NucleusMoEImagePipeline, \
+        NucleusMoEImageTransformer2DModel
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    transformer = _seeded(seed, lambda: NucleusMoEImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=3, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=32, axes_dims_rope=(4, 6, 6), dense_moe_strategy="leave_first_block_dense",
+        num_experts=4, moe_intermediate_dim=32, capacity_factors=1.0))
+    tokenizer = enc.llm_tokenizer("qwen2")
+    config = Qwen3VLConfig(
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                     "num_key_value_heads": 4, "head_dim": 8, "vocab_size": len(tokenizer) + 8},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 32},
+        vocab_size=len(tokenizer) + 8)
+    text_encoder = _seeded(seed + 1, lambda: Qwen3VLForConditionalGeneration(config))
+    parts = _qwen_image_parts(seed)
+    return NucleusMoEImagePipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(),
+                                   vae=parts["vae"], text_encoder=text_encoder, processor=tokenizer)
 
 
 def build_prx(seed: int = 0):
@@ -96,6 +122,10 @@ SPECS = [
     PipelineSpec("krea2", "Krea2Pipeline", "image",
                  "Krea 2: GQA single-stream blocks; Qwen3-VL layers through text blocks; Qwen-Image VAE",
                  build_krea2, _image(guidance_scale=4.0)),
+    PipelineSpec("nucleusmoe", "NucleusMoEImagePipeline", "image",
+                 "Nucleus-MoE: image queries on image + padded text keys; packed experts, expert-choice routing, "
+                 "a shared expert; 64x64 -> 64 tokens", build_nucleusmoe,
+                 _image(size=64, guidance_scale=4.0, negative_prompt="blurry", return_index=-2)),
     PipelineSpec("prx", "PRXPipeline", "image", "PRX: single-stream blocks, cross-attention to T5Gemma",
                  build_prx, _image(guidance_scale=4.0, use_resolution_binning=False)),
     PipelineSpec("omnigen", "OmniGenPipeline", "image",
