@@ -93,6 +93,23 @@ def files(tmp_path_factory, zoo_path):
     # a run folder with a corrupt run.json, and one whose finished row has a corrupt result.json
     (t / "corrupt-run").mkdir()
     (t / "corrupt-run" / "run.json").write_text("{not json")
+    # cache-dit trees for export: the files it edits, one registering "Flux"; one with a file linked out of the
+    # tree, one whose package is a link to another tree
+    tree = t / "tree" / "cache_dit"
+    for rel, text in {"__init__.py": "", "caching/block_adapters/__init__.py": "", "_utils/examples.py": "",
+                      "caching/block_adapters/adapters.py": '@BlockAdapterRegister.register("Flux")\ndef f(p):\n'
+                                                            "    pass\n",
+                      "distributed/transformers/planners.py": "def _activate_cp_planners():\n    pass\n\n\n"
+                                                              "def _activate_tp_planners():\n    pass\n"}.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+    shutil.copytree(t / "tree", t / "tree-linked-file")
+    (t / "tree-linked-file" / "cache_dit" / "_utils" / "examples.py").unlink()
+    (t / "tree-linked-file" / "cache_dit" / "_utils" / "examples.py").symlink_to(t / "precious.txt")
+    (t / "tree-linked-package").mkdir()
+    (t / "tree-linked-package" / "cache_dit").symlink_to(tree, target_is_directory=True)
+    (t / "flux_as_new.py").write_text((Path(__file__).parents[1] / "examples" / "plugins" / "flux_as_new.py")
+                                      .read_text())
     # run folders with links out of them: --resume would write (or truncate) what they point at
     (t / "precious.txt").write_text(PRECIOUS)
     (t / "outside").mkdir()
@@ -356,6 +373,20 @@ CASES = {
                                         "--out", "{t}/out"], ["no row compares with it", "phase: quantization"]),
     "matrix-rows-without-phase": (["matrix", "zoo:flux", "--rows-file", "{t}/rows/cache-no-phase.yaml", "--out",
                                    "{t}/out"], ["names no phase"]),
+    # export: code in a model id, a tree that already registers the name, links out of the tree
+    "export-model-id-with-code": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                   "{t}/tree", "--model-id", 'x", default=__import__("os").system("id")) #'],
+                                  ["--model-id", "not a hub id"]),
+    "export-model-id-with-a-new-line": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                         "{t}/tree", "--model-id", "org/name\nimport os"], ["not a hub id"]),
+    "export-model-id-traversal": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                   "{t}/tree", "--model-id", "../../etc"], ["not a hub id"]),
+    "export-tree-registers-the-name": (["export", "--model", "zoo:flux", "--integration", "{t}/flux_as_new.py",
+                                        "--to", "{t}/tree", "--out", "{t}/out"], ["already registers 'Flux'"]),
+    "export-tree-file-linked-out": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                     "{t}/tree-linked-file", "--out", "{t}/out"], ["examples.py is a symbolic link"]),
+    "export-tree-package-linked": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                    "{t}/tree-linked-package", "--out", "{t}/out"], ["cache_dit is a symbolic link"]),
     # twin: configs that lie, and a link out of the model folder (the twin copies files: it would copy the target)
     "twin-config-vocab-below-the-tokenizer": (["twin", "{t}/vocab-lies", "{t}/out"],
                                               ["vocab_size is 8", "tokenizer has"]),
@@ -745,3 +776,83 @@ def test_a_store_that_cannot_be_written_costs_only_time(tmp_path, root):
     store = Store(tmp_path / "a-file" if root == "a-file" else tmp_path / "a-file" / "store")
     store.put("k", run_dir, "baseline")  # no exception: the run keeps its result
     assert store.get("k", tmp_path / "other", "baseline") is None
+
+
+# `ditgate serve`: a server folder (or socket) that is not the user's own and private is refused by the server and
+# ignored by every client (the command runs in its own process): a folder open to others, owned by another user, a
+# link, a file; a socket file that is no socket; a socket another user listens on.
+def _serve_home(home: Path, case: str) -> None:
+    folder = home / "serve"
+    if case == "folder-a-file":
+        home.mkdir()
+        folder.write_text("not a folder")
+        folder.chmod(0o600)
+        return
+    if case == "folder-a-link":
+        (home / "elsewhere").mkdir(parents=True, mode=0o700)
+        folder.symlink_to(home / "elsewhere", target_is_directory=True)
+        (home / "elsewhere").chmod(0o700)
+        return
+    folder.mkdir(parents=True)
+    folder.chmod(0o755 if case == "folder-open-to-others" else 0o700)
+    if case == "folder-of-another-user":
+        os.chown(folder, 65534, 65534)
+    if case == "socket-a-file":
+        (folder / "serve.sock").write_text("not a socket")
+
+
+SERVE_CASES = ("folder-open-to-others", "folder-of-another-user", "folder-a-link", "folder-a-file", "socket-a-file")
+
+
+@pytest.mark.parametrize("case", SERVE_CASES)
+def test_a_server_folder_not_private_is_refused_and_ignored(tmp_path, monkeypatch, capsys, case):
+    from ditgate.cli import main
+    from ditgate.commands.tools import serve
+
+    if case == "folder-of-another-user" and os.geteuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    home = tmp_path / "home"
+    _serve_home(home, case)
+    monkeypatch.setenv("DITGATE_HOME", str(home))
+    assert serve.forward(["zoo", "list"]) is None  # ignored: the command runs in its own process
+    if case == "socket-a-file":
+        return  # a private folder: a server may start there (it replaces the stale file)
+    code = main(["serve", "--idle", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "private folder" in err, err
+    assert not (home / "serve" / "serve.sock").is_socket() if (home / "serve").is_dir() else True
+
+
+def test_a_socket_another_user_listens_on_is_ignored(tmp_path, monkeypatch):
+    """A socket in the user's private server folder whose listener runs as another user (its credentials, read
+    with SO_PEERCRED, are not the user's) is never handed a command."""
+    import socket
+
+    from ditgate.commands.tools import serve
+
+    if os.geteuid() != 0:
+        pytest.skip("listening as another user needs root")
+    monkeypatch.setenv("DITGATE_HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "serve").mkdir(parents=True, mode=0o700)
+    (tmp_path / "home" / "serve").chmod(0o700)
+    ready, hold = os.pipe()
+    child = os.fork()
+    if child == 0:  # bind as root, listen as nobody: the socket's peer credentials say nobody
+        try:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(serve.socket_path()))
+            os.setgid(65534)
+            os.setuid(65534)
+            listener.listen(1)
+            os.write(hold, b"x")
+            conn, _ = listener.accept()
+            conn.sendall(json.dumps({"identity": serve.identity(), "pid": os.getpid()}).encode() + b"\n")
+            conn.recv(1 << 16)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(ready, 1) == b"x"
+        assert serve.forward(["zoo", "list"]) is None
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
