@@ -373,6 +373,12 @@ CASES = {
                                         "--out", "{t}/out"], ["no row compares with it", "phase: quantization"]),
     "matrix-rows-without-phase": (["matrix", "zoo:flux", "--rows-file", "{t}/rows/cache-no-phase.yaml", "--out",
                                    "{t}/out"], ["names no phase"]),
+    # scaffold: a plugin file it cannot write, refused before the model is inspected
+    "scaffold-out-a-folder": (["scaffold", "zoo:flux", "--out", "{t}/empty"], ["empty"]),
+    "scaffold-out-under-a-file": (["scaffold", "zoo:flux", "--out", "{t}/a-file/plugin.py"], ["plugin.py"]),
+    "scaffold-out-unwritable": (["scaffold", "zoo:flux", "--out", UNWRITABLE + "/plugin.py"], ["plugin.py"]),
+    "scaffold-unknown-row": (["scaffold", "zoo:flux", "--out", "{t}/out", "--rows", "nosuch"], ["nosuch"]),
+    "scaffold-no-row": (["scaffold", "zoo:flux", "--out", "{t}/out", "--rows", ","], ["names no row"]),
     # export: code in a model id, a tree that already registers the name, links out of the tree
     "export-model-id-with-code": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
                                    "{t}/tree", "--model-id", 'x", default=__import__("os").system("id")) #'],
@@ -577,6 +583,7 @@ MODEL_COMMANDS = {
     "twin": ["twin", "{m}", "{t}/out"],
     "checklist": ["checklist", "cache", "--model", "{m}", "--out", "{t}/out"],
     "matrix": ["matrix", "{m}", "--out", "{t}/out"],
+    "scaffold": ["scaffold", "{m}", "--out", "{t}/out"],  # the plugin file it would write
 }
 BAD_MODEL_OPTIONS = {
     "dtype": (["--dtype", "float99"], "float99"),
