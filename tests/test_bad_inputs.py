@@ -93,6 +93,23 @@ def files(tmp_path_factory, zoo_path):
     # a run folder with a corrupt run.json, and one whose finished row has a corrupt result.json
     (t / "corrupt-run").mkdir()
     (t / "corrupt-run" / "run.json").write_text("{not json")
+    # cache-dit trees for export: the files it edits, one registering "Flux"; one with a file linked out of the
+    # tree, one whose package is a link to another tree
+    tree = t / "tree" / "cache_dit"
+    for rel, text in {"__init__.py": "", "caching/block_adapters/__init__.py": "", "_utils/examples.py": "",
+                      "caching/block_adapters/adapters.py": '@BlockAdapterRegister.register("Flux")\ndef f(p):\n'
+                                                            "    pass\n",
+                      "distributed/transformers/planners.py": "def _activate_cp_planners():\n    pass\n\n\n"
+                                                              "def _activate_tp_planners():\n    pass\n"}.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+    shutil.copytree(t / "tree", t / "tree-linked-file")
+    (t / "tree-linked-file" / "cache_dit" / "_utils" / "examples.py").unlink()
+    (t / "tree-linked-file" / "cache_dit" / "_utils" / "examples.py").symlink_to(t / "precious.txt")
+    (t / "tree-linked-package").mkdir()
+    (t / "tree-linked-package" / "cache_dit").symlink_to(tree, target_is_directory=True)
+    (t / "flux_as_new.py").write_text((Path(__file__).parents[1] / "examples" / "plugins" / "flux_as_new.py")
+                                      .read_text())
     # run folders with links out of them: --resume would write (or truncate) what they point at
     (t / "precious.txt").write_text(PRECIOUS)
     (t / "outside").mkdir()
@@ -122,6 +139,10 @@ def files(tmp_path_factory, zoo_path):
     # `this` prints the Zen of Python), a relative module name
     for name, change in {"call-list": ("ditgate.json", {"call": [1]}),
                          "json-output-type": ("ditgate.json", {"call": {"output_type": "pt"}}),
+                         "vocab-lies": ("text_encoder/config.json", {"vocab_size": 8}),
+                         "layers-lie": ("transformer/config.json", {"num_layers": 10**9}),
+                         "heads-lie": ("transformer/config.json", {"num_attention_heads": -4}),
+                         "linked-config": ("ditgate.json", {}),
                          "class-stdlib": ("model_index.json", {"_class_name": ["this", "X"]}),
                          "class-relative": ("model_index.json", {"_class_name": ["..evil", "X"]}),
                          "component-stdlib": ("model_index.json", {"transformer": ["os", "path"]})}.items():
@@ -130,6 +151,8 @@ def files(tmp_path_factory, zoo_path):
         file, values = change
         data = json.loads((folder / file).read_text()) if (folder / file).is_file() else {}
         (folder / file).write_text(json.dumps(data | values))
+    (t / "linked-config" / "scheduler" / "scheduler_config.json").unlink()
+    (t / "linked-config" / "scheduler" / "scheduler_config.json").symlink_to(t / "precious.txt")
     return t
 
 
@@ -350,6 +373,33 @@ CASES = {
                                         "--out", "{t}/out"], ["no row compares with it", "phase: quantization"]),
     "matrix-rows-without-phase": (["matrix", "zoo:flux", "--rows-file", "{t}/rows/cache-no-phase.yaml", "--out",
                                    "{t}/out"], ["names no phase"]),
+    # scaffold: a plugin file it cannot write, refused before the model is inspected
+    "scaffold-out-a-folder": (["scaffold", "zoo:flux", "--out", "{t}/empty"], ["empty"]),
+    "scaffold-out-under-a-file": (["scaffold", "zoo:flux", "--out", "{t}/a-file/plugin.py"], ["plugin.py"]),
+    "scaffold-out-unwritable": (["scaffold", "zoo:flux", "--out", UNWRITABLE + "/plugin.py"], ["plugin.py"]),
+    "scaffold-unknown-row": (["scaffold", "zoo:flux", "--out", "{t}/out", "--rows", "nosuch"], ["nosuch"]),
+    "scaffold-no-row": (["scaffold", "zoo:flux", "--out", "{t}/out", "--rows", ","], ["names no row"]),
+    # export: code in a model id, a tree that already registers the name, links out of the tree
+    "export-model-id-with-code": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                   "{t}/tree", "--model-id", 'x", default=__import__("os").system("id")) #'],
+                                  ["--model-id", "not a hub id"]),
+    "export-model-id-with-a-new-line": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                         "{t}/tree", "--model-id", "org/name\nimport os"], ["not a hub id"]),
+    "export-model-id-traversal": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                   "{t}/tree", "--model-id", "../../etc"], ["not a hub id"]),
+    "export-tree-registers-the-name": (["export", "--model", "zoo:flux", "--integration", "{t}/flux_as_new.py",
+                                        "--to", "{t}/tree", "--out", "{t}/out"], ["already registers 'Flux'"]),
+    "export-tree-file-linked-out": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                     "{t}/tree-linked-file", "--out", "{t}/out"], ["examples.py is a symbolic link"]),
+    "export-tree-package-linked": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                    "{t}/tree-linked-package", "--out", "{t}/out"], ["cache_dit is a symbolic link"]),
+    # twin: configs that lie, and a link out of the model folder (the twin copies files: it would copy the target)
+    "twin-config-vocab-below-the-tokenizer": (["twin", "{t}/vocab-lies", "{t}/out"],
+                                              ["vocab_size is 8", "tokenizer has"]),
+    "twin-config-billion-layers": (["twin", "{t}/layers-lie", "{t}/out"], ["1,000,000,000"]),
+    "twin-config-negative-heads": (["twin", "{t}/heads-lie", "{t}/out"], ["does not build", "negative dimension"]),
+    "twin-file-linked-out-of-the-folder": (["twin", "{t}/linked-config", "{t}/out"],
+                                           ["scheduler_config.json is a symbolic link out of the model folder"]),
     # gate: what an array holds, said as such; hints name the command's own options, never the library's keywords
     "gate-empty-array": (["gate", "--phase", "cp", "{t}/ok.png", "{t}/empty.npy"],
                          ["holds an empty array", "!looks like"]),
@@ -533,6 +583,7 @@ MODEL_COMMANDS = {
     "twin": ["twin", "{m}", "{t}/out"],
     "checklist": ["checklist", "cache", "--model", "{m}", "--out", "{t}/out"],
     "matrix": ["matrix", "{m}", "--out", "{t}/out"],
+    "scaffold": ["scaffold", "{m}", "--out", "{t}/out"],  # the plugin file it would write
 }
 BAD_MODEL_OPTIONS = {
     "dtype": (["--dtype", "float99"], "float99"),
@@ -657,3 +708,158 @@ def test_lint_reports_links_out_of_the_skill_and_broken_links(files, run_cli):
     assert PRECIOUS not in out + err
     code, out, _ = run_cli("lint", files / "skill-src", "--json")
     assert ("references/gone.md", "file-link") in {(f["file"], f["rule"]) for f in json.loads(out)["findings"]}
+
+
+# The result store (ditgate.run.reuse): an entry whose files were tampered with is never trusted. Each case damages a
+# stored entry; the store must answer "nothing stored" (the row is computed again) and remove the entry, and never
+# touch what a link points at. A store that cannot be written costs nothing but time.
+def _tamper_bytes(entry, outside):
+    data = bytearray((entry / "output.npy").read_bytes())
+    data[-1] ^= 0xFF
+    (entry / "output.npy").unlink()
+    (entry / "output.npy").write_bytes(bytes(data))
+
+
+def _tamper_link(entry, outside):  # same bytes, same size, same hash: but a link out of the store
+    outside.write_bytes((entry / "output.npy").read_bytes())
+    (entry / "output.npy").unlink()
+    (entry / "output.npy").symlink_to(outside)
+
+
+def _tamper_rehashed(entry, outside):  # the listing rewritten to match a changed result: it says the row failed
+    import hashlib
+
+    (entry / "result.json").unlink()
+    (entry / "result.json").write_text(json.dumps({"name": "baseline", "status": "error"}))
+    meta = json.loads((entry / "entry.json").read_text())
+    data = (entry / "result.json").read_bytes()
+    meta["files"]["result.json"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (entry / "entry.json").write_text(json.dumps(meta))
+
+
+STORE_TAMPERING = {
+    "output-changed": _tamper_bytes,
+    "output-linked-out-with-the-same-bytes": _tamper_link,
+    "output-removed": lambda entry, outside: (entry / "output.npy").unlink(),
+    "output-cut-short": lambda entry, outside: os.truncate(entry / "output.npy", 10),
+    "extra-file": lambda entry, outside: (entry / "latents.npy").write_bytes(b"planted"),
+    "extra-folder": lambda entry, outside: (entry / "sub").mkdir(),
+    "listing-not-json": lambda entry, outside: (entry / "entry.json").write_text("{not json"),
+    "listing-names-a-path-outside": lambda entry, outside: (entry / "entry.json").write_text(json.dumps(
+        {"run": "x", "files": {"../../../outside.npy": {"bytes": 1, "sha256": "0"}}})),
+    "result-says-error-rehashed": _tamper_rehashed,
+}
+
+
+@pytest.mark.parametrize("case", sorted(STORE_TAMPERING))
+def test_a_tampered_store_entry_is_computed_again(tmp_path, case):
+    from ditgate.run.reuse import Store
+
+    run_dir, outside = tmp_path / "run", tmp_path / "outside.npy"
+    row = run_dir / "rows" / "baseline"
+    row.mkdir(parents=True)
+    np.save(row / "output.npy", np.arange(64, dtype=np.float32))
+    (row / "result.json").write_text(json.dumps({"name": "baseline", "status": "ok"}))
+    store = Store(tmp_path / "store")
+    store.put("k", run_dir, "baseline")
+    entry = store.root / "entries" / "k"
+    assert store.get("k", tmp_path / "sound", "baseline") is not None  # sound before the damage
+    STORE_TAMPERING[case](entry, outside)
+    kept = outside.read_bytes() if outside.exists() else None
+    assert store.get("k", tmp_path / "later", "baseline") is None, case
+    assert not entry.exists() and not (tmp_path / "later" / "rows" / "baseline" / "result.json").exists()
+    assert (outside.read_bytes() if outside.exists() else None) == kept
+
+
+@pytest.mark.parametrize("root", ["a-file", "under-a-file"])
+def test_a_store_that_cannot_be_written_costs_only_time(tmp_path, root):
+    from ditgate.run.reuse import Store
+
+    (tmp_path / "a-file").write_text("not a folder")
+    run_dir = tmp_path / "run"
+    (run_dir / "rows" / "baseline").mkdir(parents=True)
+    np.save(run_dir / "rows" / "baseline" / "output.npy", np.zeros(4, np.float32))
+    (run_dir / "rows" / "baseline" / "result.json").write_text(json.dumps({"name": "baseline", "status": "ok"}))
+    store = Store(tmp_path / "a-file" if root == "a-file" else tmp_path / "a-file" / "store")
+    store.put("k", run_dir, "baseline")  # no exception: the run keeps its result
+    assert store.get("k", tmp_path / "other", "baseline") is None
+
+
+# `ditgate serve`: a server folder (or socket) that is not the user's own and private is refused by the server and
+# ignored by every client (the command runs in its own process): a folder open to others, owned by another user, a
+# link, a file; a socket file that is no socket; a socket another user listens on.
+def _serve_home(home: Path, case: str) -> None:
+    folder = home / "serve"
+    if case == "folder-a-file":
+        home.mkdir()
+        folder.write_text("not a folder")
+        folder.chmod(0o600)
+        return
+    if case == "folder-a-link":
+        (home / "elsewhere").mkdir(parents=True, mode=0o700)
+        folder.symlink_to(home / "elsewhere", target_is_directory=True)
+        (home / "elsewhere").chmod(0o700)
+        return
+    folder.mkdir(parents=True)
+    folder.chmod(0o755 if case == "folder-open-to-others" else 0o700)
+    if case == "folder-of-another-user":
+        os.chown(folder, 65534, 65534)
+    if case == "socket-a-file":
+        (folder / "serve.sock").write_text("not a socket")
+
+
+SERVE_CASES = ("folder-open-to-others", "folder-of-another-user", "folder-a-link", "folder-a-file", "socket-a-file")
+
+
+@pytest.mark.parametrize("case", SERVE_CASES)
+def test_a_server_folder_not_private_is_refused_and_ignored(tmp_path, monkeypatch, capsys, case):
+    from ditgate.cli import main
+    from ditgate.commands.tools import serve
+
+    if case == "folder-of-another-user" and os.geteuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    home = tmp_path / "home"
+    _serve_home(home, case)
+    monkeypatch.setenv("DITGATE_HOME", str(home))
+    assert serve.forward(["zoo", "list"]) is None  # ignored: the command runs in its own process
+    if case == "socket-a-file":
+        return  # a private folder: a server may start there (it replaces the stale file)
+    code = main(["serve", "--idle", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "private folder" in err, err
+    assert not (home / "serve" / "serve.sock").is_socket() if (home / "serve").is_dir() else True
+
+
+def test_a_socket_another_user_listens_on_is_ignored(tmp_path, monkeypatch):
+    """A socket in the user's private server folder whose listener runs as another user (its credentials, read
+    with SO_PEERCRED, are not the user's) is never handed a command."""
+    import socket
+
+    from ditgate.commands.tools import serve
+
+    if os.geteuid() != 0:
+        pytest.skip("listening as another user needs root")
+    monkeypatch.setenv("DITGATE_HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "serve").mkdir(parents=True, mode=0o700)
+    (tmp_path / "home" / "serve").chmod(0o700)
+    ready, hold = os.pipe()
+    child = os.fork()
+    if child == 0:  # bind as root, listen as nobody: the socket's peer credentials say nobody
+        try:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(serve.socket_path()))
+            os.setgid(65534)
+            os.setuid(65534)
+            listener.listen(1)
+            os.write(hold, b"x")
+            conn, _ = listener.accept()
+            conn.sendall(json.dumps({"identity": serve.identity(), "pid": os.getpid()}).encode() + b"\n")
+            conn.recv(1 << 16)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(ready, 1) == b"x"
+        assert serve.forward(["zoo", "list"]) is None
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)

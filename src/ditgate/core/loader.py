@@ -22,6 +22,7 @@ from typing import Any
 from ditgate import zoo
 from ditgate.core import logs
 from ditgate.core import modular
+from ditgate.core import warm as warm_mod
 from ditgate.core.examples import ensure_packages
 from ditgate.core.errors import DitgateError, ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
 
@@ -262,15 +263,20 @@ def _offline():
 
 
 def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = "cpu", *,
-         pipeline: str | None = None, trust_remote_code: bool = False, **kwargs):
+         pipeline: str | None = None, trust_remote_code: bool = False, warm: bool = True, **kwargs):
     """Load the pipeline at `model` (a folder or `zoo:NAME`) without touching the network.
 
     `dtype` is a torch dtype or its name; `device` is where the pipeline is moved ("cpu", "cuda", "cuda:1", or
     None to leave it); `pipeline` is a "module:Class" override; other keyword arguments go to `from_pretrained`.
+    A pipeline the process keeps loaded for this folder (`ditgate.core.warm`, in a command `ditgate serve` runs)
+    is taken instead of reading the folder when `warm` and no other keyword is given.
     """
     check_device(device)
     dtype = torch_dtype(dtype)
     path = resolve(model)
+    kept = warm_mod.take(path, dtype, pipeline) if warm and not kwargs and not trust_remote_code else None
+    if kept is not None:
+        return kept if device in (None, "cpu") else kept.to(device)
     if modular.wants_modular(path, pipeline):
         with _offline():
             return logs.quiet_pipeline(modular.load(path, torch_dtype(dtype), device, pipeline=pipeline,
