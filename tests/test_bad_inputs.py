@@ -151,6 +151,10 @@ def files(tmp_path_factory, zoo_path):
         file, values = change
         data = json.loads((folder / file).read_text()) if (folder / file).is_file() else {}
         (folder / file).write_text(json.dumps(data | values))
+    # a config that does not match the weights beside it (its vocabulary cut to 8)
+    shutil.copytree(zoo_path("flux"), t / "weights-lie")
+    config = json.loads((t / "weights-lie" / "text_encoder" / "config.json").read_text())
+    (t / "weights-lie" / "text_encoder" / "config.json").write_text(json.dumps(config | {"vocab_size": 8}))
     (t / "linked-config" / "scheduler" / "scheduler_config.json").unlink()
     (t / "linked-config" / "scheduler" / "scheduler_config.json").symlink_to(t / "precious.txt")
     return t
@@ -393,6 +397,9 @@ CASES = {
                                      "{t}/tree-linked-file", "--out", "{t}/out"], ["examples.py is a symbolic link"]),
     "export-tree-package-linked": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
                                     "{t}/tree-linked-package", "--out", "{t}/out"], ["cache_dit is a symbolic link"]),
+    "inspect-config-lies-about-its-weights": (["inspect", "{t}/weights-lie"],  # was a traceback, exit 1
+                                              ["component text_encoder do not match its config.json"]),
+
     # twin: configs that lie, and a link out of the model folder (the twin copies files: it would copy the target)
     "twin-config-vocab-below-the-tokenizer": (["twin", "{t}/vocab-lies", "{t}/out"],
                                               ["vocab_size is 8", "tokenizer has"]),

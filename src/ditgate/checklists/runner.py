@@ -293,6 +293,7 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     Order: inspect; named checks that only read the pipeline (on the inspected copy); the runner; named checks
     judged on its rows; named checks that change a pipeline (each on a fresh load).
     """
+    from ditgate.core.request import added as request_added
     from ditgate.run.exec.folder import versions as _versions
 
     run_dir = _fresh_folder(opts)
@@ -315,6 +316,7 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
         "pipeline": opts.model.pipeline, "trust_remote_code": opts.model.trust_remote_code,
         "command": reproduce_command([c.name for c in checklists], opts),
         "dtype": opts.model.dtype, "device": opts.model.device, "request": opts.model.request.to_dict(),
+        "added_to_call": request_added(opts.model.request),
         "run_dir": str(run_dir),
         "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
     }
