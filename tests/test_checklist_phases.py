@@ -1,12 +1,14 @@
 """Checklists judge what the rows run: modular pipelines' text encoder and VAE, the block lists an integration file
-builds, a checklist per phase, and rows at the size each needs.
+builds, a checklist per phase (hybrid), and rows at the size each needs (VAE-P where the VAE tiles).
 
 - zoo:flux3 (a Flux3ModularPipeline): the planner look-ups of the TE-P and VAE-P checklists find the text encoder
   and the VAE the rows shard (cache-dit's own look-up gives a ModularPipeline no components); a VAE class cache-dit
   has no planner for still fails, named;
 - zoo:tinyst with examples/tinyst/integration.py, whose block_adapter builds one list of spatial/temporal pairs: the
   ForwardPattern and PatchFunctor checks judge the pairs as observed after block_adapter ran; the same pairs
-  declared Pattern_0 fail.
+  declared Pattern_0 fail;
+- (full tier) `ditgate checklist vaep` on zoo:flux at 32x32 (one VAE tile) runs its row at 32x36 and says so;
+  `ditgate checklist hybrid` passes on zoo:flux and fails with a TP plan that loads the wrong shard.
 """
 
 from pathlib import Path
@@ -61,3 +63,38 @@ def test_cache_checklist_passes_on_a_plugin_that_builds_pairs(tmp_path, run_cli)
                              "--out", tmp_path / "run")
     assert code == 0, out + err[-3000:]
     assert "PASS    pattern-matches" in out and "PASS    patch-functor-when-needed" in out
+
+
+def test_a_row_item_runs_at_the_size_its_feature_needs():
+    from types import SimpleNamespace
+
+    from ditgate.checklists.runner import _row_size
+
+    anatomy = {"sizes": {"tile": 32, "vaep": [32, 36], "cp": [32, 32]}}  # zoo:flux at 32x32 (ditgate inspect)
+    vaep = SimpleNamespace(check={"kind": "row", "row": "tp-2+vaep", "size": "vaep"})
+    cp = SimpleNamespace(check={"kind": "row", "row": "cp-ulysses-2", "size": "cp"})
+    plain = SimpleNamespace(check={"kind": "row", "row": "tp-2"})
+    call = {"height": 32, "width": 32}
+    assert _row_size(vaep, anatomy, call) == (32, 36)
+    assert _row_size(cp, anatomy, call) is None and _row_size(plain, anatomy, call) is None
+    assert _row_size(vaep, anatomy, {"height": 32, "width": 36}) is None
+    assert _row_size(vaep, None, call) is None  # no anatomy: the call's size (the row's proof says VAE-P idled)
+
+
+@pytest.mark.full
+def test_vaep_checklist_runs_its_row_where_the_vae_tiles_and_says_so(tmp_path, run_cli):
+    out = tmp_path / "run"
+    code, stdout, err = run_cli("checklist", "vaep", "--model", "zoo:flux", "--height", "32", "--width", "32",
+                                "--out", out)
+    assert code == 0, stdout + err[-3000:]
+    assert "at 32x36, not the call's 32x32, which decodes in one VAE tile of 32 pixels" in stdout
+    assert "rank 0 decoded 2 of 4 tiles" in stdout and (out / "at-32x36" / "report.json").is_file()
+
+
+@pytest.mark.full
+def test_hybrid_checklist_passes_and_fails_a_wrong_tp_shard(tmp_path, run_cli):
+    code, stdout, err = run_cli("checklist", "hybrid", "--model", "zoo:flux", "--out", tmp_path / "good")
+    assert code == 0 and "PASS    hybrid-row" in stdout, stdout + err[-3000:]
+    code, stdout, err = run_cli("checklist", "hybrid", "--model", "zoo:flux", "--out", tmp_path / "bad",
+                                "--integration", PLUGINS / "flux_tp_wrong_shard.py")
+    assert code == 1 and "FAIL    hybrid-row" in stdout and "FAIL    tp-row" in stdout, stdout + err[-3000:]

@@ -1,5 +1,7 @@
 """The proofs that a row's feature acted, on the facts a run records (shapes and counts as the probes store them)."""
 
+from pathlib import Path
+
 import pytest
 
 from ditgate.core.plugin import PluginError, not_covered, split_dims
@@ -104,3 +106,34 @@ def test_split_dims_declaration_is_checked(bad, tmp_path):
         split_dims(tmp_path / "integration.py", bad)
     assert split_dims(tmp_path, {"transformer_2.blocks": None, "blocks": 0}) == {"transformer_2.blocks": None,
                                                                                  "blocks": 0}
+
+
+# blocks taking two streams, video split and 31 audio tokens kept whole (a fused video/audio block)
+AV_BASE = {"block_shapes": {"transformer.blocks": [[2, 64, 32], [2, 31, 32]]}}
+AV_KEPT = {"block_shapes": {"transformer.blocks": [[2, 32, 32], [2, 31, 32]]}}
+
+
+def test_cp_proof_checks_each_stream_against_its_declaration():
+    (proof,) = proofs.check(ULYSSES, AV_KEPT | {"cp_split_dims": {"blocks": (1, None)}}, BASELINE, AV_BASE)
+    assert proof.passed, proof.detail
+    assert "stream 0: 64 on dimension 1 split into 32 per rank; stream 1: [2, 31, 32] whole on every rank, as " \
+        "declared" in proof.detail
+    (proof,) = proofs.check(ULYSSES, AV_KEPT | {"cp_split_dims": None}, BASELINE, AV_BASE)  # summed: the old proof
+    assert not proof.passed and "63 tokens per rank, expected 47.5" in proof.detail
+    split_audio = {"block_shapes": {"transformer.blocks": [[2, 32, 32], [2, 16, 32]]}}
+    (proof,) = proofs.check(ULYSSES, split_audio | {"cp_split_dims": {"blocks": [1, None]}}, BASELINE, AV_BASE)
+    assert not proof.passed and "stream 1: declared whole (None), but [2, 16, 32] per rank" in proof.detail
+    (proof,) = proofs.check(ULYSSES, AV_KEPT | {"cp_split_dims": {"blocks": (1,)}}, BASELINE, AV_BASE)
+    assert not proof.passed and "declares 1 streams (1), but its blocks returned 2 tensor(s)" in proof.detail
+
+
+def test_split_dims_per_stream_are_parsed_and_written_back():
+    from ditgate.core.plugin import format_split_dims, parse_split_dims
+
+    dims = parse_split_dims("blocks=1:none,refiner=none,temporal_blocks=0")
+    assert dims == {"blocks": (1, None), "refiner": None, "temporal_blocks": 0}
+    assert parse_split_dims(format_split_dims(dims)) == dims
+    with pytest.raises(PluginError, match="per stream"):
+        parse_split_dims("blocks=1:x")
+    with pytest.raises(PluginError, match="a tuple of them"):
+        split_dims(Path("f.py"), {"blocks": ()})

@@ -166,6 +166,7 @@ def test_hung_rank_ends_in_a_report(tmp_path):
     assert result["error"]["timed_out"]
     assert "no progress" in result["reasons"][0]
     assert "rank 1 in row 'cp-ulysses-2' at stage 'apply'" in result["reasons"][0]
+    assert "a rank hung" in result["reasons"][0] and "check the CP plan" not in result["reasons"][0]
 
 
 def test_resume_keeps_finished_rows(tmp_path):

@@ -181,6 +181,8 @@ def _cp_list(name: str, key: str, row: Row, facts: dict[str, Any], got: list, re
     """One block list under CP: ("split" | "whole" (as on one device, not declared so) | "bad", what was seen)."""
     dim, declared = split_dim(key, facts.get("cp_split_dims"))
     said = " (CP_SPLIT_DIMS)" if declared else ""
+    if isinstance(dim, (tuple, list)):
+        return _cp_streams(name, tuple(dim), row, got, ref, base_row)
     mine, theirs = [s for s in got if len(s) >= 3], [s for s in ref if len(s) >= 3]
     if dim is None:
         if mine == theirs:
@@ -196,6 +198,36 @@ def _cp_list(name: str, key: str, row: Row, facts: dict[str, Any], got: list, re
         return "split", f"{name}: {full} {unit} split into {local} per rank{said}"
     text = f"{name}: {local} {unit} per rank{said}, expected {expected:g} ({full} / {row.cp_size})"
     return ("whole" if mine == theirs else "bad"), text
+
+
+def _cp_streams(name: str, dims: tuple, row: Row, got: list, ref: list, base_row: Row) -> tuple[str, str]:
+    """A block list declared per stream (`(1, None)`): tensor i of what block 0 returned is divided by the CP size on
+    dims[i], or, for None, is the same on every rank as on one device."""
+    if len(got) != len(dims) or len(ref) != len(dims):
+        return "bad", (f"{name}: CP_SPLIT_DIMS declares {len(dims)} streams {_dims_text(dims)}, but its blocks "
+                       f"returned {len(ref)} tensor(s) on one device ({ref}) and {len(got)} per rank ({got})")
+    split, whole, bad = [], [], []
+    for i, (dim, mine, theirs) in enumerate(zip(dims, got, ref)):
+        if dim is None:
+            (whole if mine == theirs else bad).append(
+                f"stream {i}: {theirs} whole on every rank, as declared" if mine == theirs else
+                f"stream {i}: declared whole (None), but {mine} per rank against {theirs} on one device")
+            continue
+        expected = theirs[dim] * base_row.cp_size / row.cp_size if dim < len(theirs) else None
+        if expected is None or dim >= len(mine) or mine[dim] != expected or \
+                [n for d, n in enumerate(mine) if d != dim] != [n for d, n in enumerate(theirs) if d != dim]:
+            bad.append(f"stream {i}: {mine} per rank, expected dimension {dim} of {theirs} divided by {row.cp_size}"
+                       + (f" ({expected:g})" if expected is not None else ""))
+        else:
+            split.append(f"stream {i}: {theirs[dim]} on dimension {dim} split into {mine[dim]} per rank")
+    if bad:
+        state = "whole" if not split and got == ref else "bad"
+        return state, f"{name} (CP_SPLIT_DIMS {_dims_text(dims)}): " + "; ".join(bad + split + whole)
+    return "split", f"{name} (CP_SPLIT_DIMS {_dims_text(dims)}): " + "; ".join(split + whole)
+
+
+def _dims_text(dims: tuple) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in dims) + ")"
 
 
 def _cp_tokens(row: Row, facts: dict[str, Any], base: dict[str, Any], base_row: Row) -> Proof:
