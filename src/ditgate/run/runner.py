@@ -182,11 +182,13 @@ class Runner:
     def _gated_modalities(self, later: list[Row] = ()) -> list[str | None]:
         """The modality of every gated row that ran, and the baseline's for the gated rows still to run (`later`)."""
         from ditgate.run.define.rows import BASELINE
+        from ditgate.run.judge.outputs import modalities
 
-        found = [s.result.get("modality") for s in self.states.values() if s.ran and s.row.phase]
+        found = [m for s in self.states.values() if s.ran and s.row.phase
+                 for m in [s.result.get("modality"), *modalities(s.result)]]
         base = self.states.get(BASELINE.name)
         if later and base is not None and base.ran:
-            found.append(base.result.get("modality"))
+            found += [base.result.get("modality"), *modalities(base.result)]  # frames and audio: both gated
         return found
 
     def _sensitivity(self, later: list[Row] = ()) -> None:

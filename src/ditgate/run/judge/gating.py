@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ditgate.gates.calibration import reduced_precision
+from ditgate.run.judge import outputs as further_outputs
 from ditgate.run.judge import reduced_floor
 from ditgate.run.exec import files as store
 from ditgate.run.judge.hints import hint_for, ranked
@@ -102,6 +103,7 @@ def judge_row(runner, state) -> None:
                             sample_rate=state.result.get("sample_rate"), floor=floor.get("used"))
     state.verdict = record | ({"floor": json_ready(floor)} if floor else {})
     state.reasons.extend(reasons)
+    further_outputs.judge(runner, state, base, load)  # frames and audio: every output with its own gate
     if reduced_precision(runner.model.dtype, gates):
         reduced_floor.judge_exact(runner, state, base.row.name, load)
     cache_off.judge(state, base.row.name, runner.states.get(row.name + cache_off.SUFFIX), load, runner.model.dtype,

@@ -19,6 +19,7 @@ from ditgate.run.report import floor_report, twin_report
 from ditgate.run.report.grid import grid
 from ditgate.run.exec import files as store
 from ditgate.gates.verdicts import format_value, json_ready
+from ditgate.run.judge import outputs as further_outputs
 from ditgate.run.judge.proofs import acted_word
 from ditgate.run.report import spread
 from ditgate.core import request as request_mod
@@ -308,6 +309,7 @@ def markdown(report: dict[str, Any]) -> str:
                       "wrong; the verdict column says whether the row is right)", ""]
         lines += [f"- {name} / {p['feature']}: {acted_word(p)} — {p['detail']} (verdict: {status[name]})"
                   for name, p in proofs]
+    lines += further_outputs.lines(report)
     careful = [r for r in report["rows"] if r.get("speedup_caveats")]
     if careful:
         lines += ["", "## Speedups to read with care", ""]
