@@ -15,7 +15,7 @@ from ditgate.skill.markdown import parse
 from ditgate.skill.rules.phases import PHASES
 
 PLUGINS = Path(__file__).parent / "plugins"
-EXPECTED = {"gate-check", "cache", "cp", "tp", "tep", "vaep", "cli", "final", "audio", "custom-model", "perf-matrix"}
+EXPECTED = {"gate-check", "cache", "cp", "tp", "tep", "vaep", "hybrid", "cli", "final", "audio", "custom-model", "perf-matrix"}
 
 
 def _filled(out: Path, name: str) -> dict:

@@ -27,13 +27,37 @@ def _diff(zoo_path, tmp_path, model, row_name, integration, dtype="float32"):
     return diff(cfg)
 
 
+def _fault_size() -> float:
+    from ditgate.gates.verdicts import load_gates
+
+    return load_gates()["rules"]["sensitivity"]["fault_size"]
+
+
+def _output_change(out: Path) -> float:
+    """The relative RMS change the row makes to the transformer's output on the first call (its sampled elements):
+    what gates.json rules.sensitivity.fault_size is calibrated on (the smallest planted fault's)."""
+    import math
+
+    base, cand = ((json.loads((out / "summary" / side / "summaries.json").read_text())["summaries"])
+                  for side in ("baseline", "candidate"))
+    b, c = base["transformer"]["samples"], cand["transformer"]["samples"]
+    return math.sqrt(sum((x - y) ** 2 for x, y in zip(b, c)) / sum(x * x for x in b))
+
+
 FAULTS = [
     # (model, row, integration, the module the fault is in)
     ("flux", "cp-ulysses-2", PLUGINS / "flux_cp_rope_joint_slice.py", "transformer.pos_embed"),
     ("flux", "tp-2", PLUGINS / "flux_tp_heads_not_divided.py", "transformer.transformer_blocks.0.attn"),
     ("flux", "tp-2", PLUGINS / "flux_tp_wrong_shard.py", "transformer.transformer_blocks.0.ff.net.0.proj"),
     ("tinymm", "cp-ulysses-2", TINYMM / "integration_mask_not_reordered.py", None),  # filled below
+    # a processor that ignores the CP config: to_out.0 is the first output off; the attention is named, not to_out
+    ("flux", "cp-ulysses-2", PLUGINS / "flux_cp_processor_ignores_cp.py", "transformer.transformer_blocks.0.attn"),
+    # the text split where it must stay whole: the halves stitched back are identical; the split is named
+    ("wan", "cp-ulysses-2", PLUGINS / "wan_cp_text_split.py", "transformer.blocks.0"),
+    # GQA: rank 1's query heads paired with rank 0's key/value head (TP, key/value heads kept whole)
+    ("tinymm", "tp-2", PLUGINS / "tinymm_tp_gqa_wrong_kv.py", "transformer.transformer_blocks.0.attn"),
 ]
+PROCESSOR_FAULTS = {"integration_mask_not_reordered", "flux_cp_processor_ignores_cp", "tinymm_tp_gqa_wrong_kv"}  # "its processor" in the reason
 FAST = {"integration_mask_not_reordered"}  # the fast tier locates one fault; the full tier every fault
 
 
@@ -46,6 +70,12 @@ def test_planted_fault_is_located(zoo_path, tmp_path, model, row, integration, m
         assert ".0." in report["named"] or report["named"].endswith("blocks.0.attn"), report["named"]
     else:
         assert report["named"] == module, report["reason"]
+    if integration.stem in PROCESSOR_FAULTS:
+        assert "its processor" in report["reason"] and ".to_out" not in report["named"], report["reason"]
+    if integration.stem == "wan_cp_text_split":
+        assert report["reason"].startswith("a replicated input split across the ranks"), report["reason"]
+        assert report["split"]["attention"] == "transformer.blocks.0.attn2", report["split"]
+    assert _output_change(tmp_path / "diff") >= _fault_size()  # the sensitivity check's size is no larger
     first = next(x for x in report["lines"] if x["module"] == report["first"])
     assert first["diverged"]
     assert all(not x["diverged"] for x in report["lines"][:first["index"]])  # nothing earlier left the tolerance
@@ -114,3 +144,69 @@ def test_summaries_tell_one_changed_element_apart():
         {"m": a}, {"m": b}, 0.05)
     assert same[0]["status"] == "identical" and not same[0]["diverged"]
     assert changed[0]["status"] == "differs" and changed[0]["diverged"] and changed[0]["max_abs"] >= 0.9
+
+
+def test_caller_is_the_module_whose_forward_ran():
+    """A module inside a ModuleList (`to_out.0`) is called by the attention, not by the list: the caller the diff
+    names when the first diverging output's input already differs. Real diffusers attention, hooked as the diff
+    hooks it."""
+    import torch
+    from diffusers.models.attention_processor import Attention
+
+    from ditgate.run.diff.divergence import Recorder, Stop
+
+    attn = Attention(query_dim=16, heads=2, dim_head=8, cross_attention_dim=12)
+    recorder = Recorder().attach_components({"transformer": attn})
+    try:
+        attn(torch.randn(1, 6, 16), encoder_hidden_states=torch.randn(1, 4, 12))
+    except Stop:
+        pass
+    recorder.detach()
+    assert recorder.returned
+    assert recorder.callers["transformer.to_out.0"] == "transformer"  # not the ModuleList transformer.to_out
+    assert recorder.callers["transformer.to_k"] == "transformer"
+    assert recorder.processors["transformer"] == type(attn.processor).__name__
+    assert recorder.entered["transformer.to_q"] <= list(recorder.summaries).index("transformer.to_q")
+
+
+def test_a_transformer_returning_two_streams_is_recorded():
+    """An audio-video transformer returns video and audio (diffusers' AudioVisualModelOutput): the call counts as
+    returned and both outputs are recorded (it once stopped with "the pipeline call ended without calling a
+    transformer")."""
+    import torch
+    from diffusers.models.transformers.transformer_ltx2 import AudioVisualModelOutput
+
+    from ditgate.run.diff.divergence import Recorder, Stop
+
+    class TwoStreams(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.video, self.audio = torch.nn.Linear(8, 8), torch.nn.Linear(4, 4)
+
+        def forward(self, hidden_states, audio_hidden_states):
+            return AudioVisualModelOutput(sample=self.video(hidden_states), audio_sample=self.audio(audio_hidden_states))
+
+    model = TwoStreams()
+    recorder = Recorder().attach_components({"transformer": model})
+    with pytest.raises(Stop):
+        model(torch.randn(1, 5, 8), torch.randn(1, 3, 4))
+    recorder.detach()
+    assert recorder.returned
+    assert {"transformer[sample]", "transformer[audio_sample]"} <= set(recorder.summaries)
+
+
+def test_per_rank_tensor_is_not_blamed():
+    """A tensor the ranks build per rank (a mask over local queries and every key) cannot be made whole: it is
+    listed as not compared, never as the first divergence."""
+    import torch
+
+    from ditgate.run.diff.divergence import compare_summaries, summarize
+
+    base = {"t.attn:attention_mask": summarize(torch.ones(1, 1, 12, 12)), "t.proj": summarize(torch.ones(3))}
+    cand = {"t.attn:attention_mask": {"shape": [1, 1, 8, 10], "missing": "per rank: ...", "per_rank": True},
+            "t.proj": summarize(torch.ones(3))}
+    lines = compare_summaries(base, cand, 1e-4)
+    assert lines[0]["status"] == "not compared" and not lines[0]["diverged"]
+    assert not any(x["diverged"] for x in lines)
+    cand["t.proj"] = summarize(torch.full((3,), 2.0))
+    assert [x["diverged"] for x in compare_summaries(base, cand, 1e-4)] == [False, True]

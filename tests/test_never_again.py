@@ -125,7 +125,8 @@ def _alive(pid: int) -> bool:
 def hung_run(tmp_path):
     """`ditgate run` in a subprocess, stopped inside a 2-rank group (rank 1 sleeps): (process, out, worker pids)."""
     rows = tmp_path / "rows.yaml"
-    rows.write_text("- {name: hang, baseline: null, parallel: {ulysses_size: 2}}\n")
+    rows.write_text("- {name: hang, baseline: null, parallel: {ulysses_size: 2}}\n"  # a reference row ...
+                    "- {name: after, phase: cp, baseline: hang, parallel: {ulysses_size: 2}}\n")  # ... compared with
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "ditgate", "run", "zoo:flux", "--rows-file", str(rows),
                              "--integration", str(PLUGINS / "flux_rank1_hangs.py"), "--out", str(out),
@@ -255,3 +256,19 @@ def test_resume_never_reports_an_earlier_runs_result_for_a_parallel_row(run_cli,
     row = next(r for r in json.loads((out / "report.json").read_text())["rows"] if r["name"] == "x")
     assert code == 1 and row["status"] == "error", row
     assert any("planted failure on rank 1" in reason for reason in row["reasons"]), row["reasons"]
+
+
+# -- hints match the failure: a hang is not a wrong plan -------------------------------------------------------------
+
+def test_a_hung_group_gets_the_hang_hint_not_a_plan_hint():
+    """The probe's case: a rank that hung in a CP row was told to check the CP plan's gathers and RoPE grid, which
+    produce wrong numbers, not hangs. A group stopped for no progress gets the hang's hint, for every phase."""
+    from ditgate.run.judge.hints import HANG_HINT, HINTS, hint_for
+
+    message = "no progress for the timeout, group killed: rank 1 in row 'cp-ulysses-2' at stage 'apply'"
+    for phase in ("cp", "tp", "hybrid", "cache"):
+        assert hint_for(phase, message, {"timed_out": True}) == HANG_HINT
+        assert HINTS[phase] not in hint_for(phase, message, {"timed_out": True})
+    assert "--timeout" in HANG_HINT and "collective" in HANG_HINT
+    # a rank that raised (a shape error in a split) still gets the plan's hint
+    assert hint_for("cp", "rank 1 failed in row 'x' at stage 'run': RuntimeError: shape mismatch") == HINTS["cp"]

@@ -175,3 +175,23 @@ def test_wan_reused_matches_fresh(zoo_path, tmp_path, monkeypatch):
 def test_bf16_reused_matches_fresh(zoo_path, tmp_path, monkeypatch):
     # bf16: the calibration row is stored too; the twin rows reuse their own references
     _same_when_reused(tmp_path, monkeypatch, Model.open("zoo:flux", dtype="bfloat16", **SMALL), "cache")
+
+
+def test_code_outside_the_folder_is_in_the_key(zoo_path, tmp_path, monkeypatch):
+    """A --pipeline module (or an examples/ package the index names) is code the load runs: editing it changes the
+    key; the same code elsewhere on disk does not matter."""
+    package = tmp_path / "code" / "keyed_pipe"
+    package.mkdir(parents=True)
+    source = "from diffusers import FluxPipeline\n\n\nclass KeyedPipe(FluxPipeline):\n    pass\n"
+    (package / "__init__.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    folder = tmp_path / "flux"
+    shutil.copytree(zoo_path("flux"), folder)
+    model = Model.open(str(folder), pipeline="keyed_pipe:KeyedPipe", **SMALL)
+    versions = {"torch": "2.x"}
+    before = row_key(model, rows.BASELINE, versions, None, None)
+    assert before == row_key(model, rows.BASELINE, versions, None, None)
+    (package / "__init__.py").write_text(source.replace("pass", "guidance = 2.0"))
+    assert row_key(model, rows.BASELINE, versions, None, None) != before
+    # zoo:tinymm's package lives in examples/: its code is part of the key too
+    assert keys.model_code(Model.open("zoo:tinymm", **SMALL)) != keys.model_code(Model.open("zoo:flux", **SMALL))

@@ -89,6 +89,7 @@ def test_server_runs_commands_as_a_fresh_process_would(zoo_path, tmp_path):
     log = server.stderr.read()
     # one command at a time: of the two clients at once one was served, the other found it busy and ran by itself
     assert log.count("ditgate serve: ran `ditgate") == 1
+    assert log.count("keeping") == 1, log  # the served command's pipeline was loaded in the server, kept for the next
 
 
 def test_stop_and_a_folder_not_private(tmp_path):
@@ -99,3 +100,34 @@ def test_stop_and_a_folder_not_private(tmp_path):
     assert code == 2 and "private" in err
     code, _, err = _done(_cli(env, "serve", "--stop"))
     assert code == 0 and "no server" in err
+
+
+def test_a_kept_pipeline_is_the_one_a_load_gives(zoo_path, tmp_path):
+    """What the server keeps loaded (ditgate.core.warm) is taken by the next load of the same folder, dtype and
+    class, once; a folder whose files changed since is read again; code from the model folder is never kept."""
+    import shutil
+
+    import torch
+
+    from ditgate.core import loader, warm
+
+    folder = tmp_path / "flux"
+    shutil.copytree(zoo_path("flux"), folder)
+    def keep():
+        if not warm.has(folder, torch.float32, None):
+            warm.keep(folder, torch.float32, None, loader.load(folder, "float32", "cpu", warm=False))
+
+    keep()
+    assert warm.has(folder, torch.float32, None)
+    fresh = loader.load(folder, "float32", "cpu", warm=False)
+    kept = loader.load(folder, "float32", "cpu")
+    assert not warm.kept()  # handed over once
+    for (name, a), (_, b) in zip(kept.transformer.state_dict().items(), fresh.transformer.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert loader.load(folder, "float32", "cpu") is not kept  # the next load reads the folder
+    keep()
+    assert loader.load(folder, "bfloat16", "cpu").transformer.dtype == torch.bfloat16  # another dtype: not taken
+    config = folder / "scheduler" / "scheduler_config.json"
+    config.write_text(config.read_text().replace("{", '{"edited": 1, ', 1))
+    assert loader.load(folder, "float32", "cpu") is not None and warm.kept()  # changed folder: the kept one unused
+    warm.drop()

@@ -104,7 +104,7 @@ def _os_error(exc: OSError) -> str:
     where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f)
     what = exc.strerror or str(exc)
     if exc.errno == errno.ENOSPC:
-        what = "no space left on the device (the disk is full): free some space and run again"
+        what = "disk full (no space left on the device): free some space and run again"
     return f"{where}: {what}" if where else what
 
 

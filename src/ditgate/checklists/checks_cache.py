@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 from ditgate.run.define.rows import DEFAULT_CACHE, Row
 from ditgate.checklists.context import Context, EXACT_PHASE, NamedCheckError, Outcome, _as_list, failed, passed
@@ -42,6 +42,7 @@ class AdapterView:
     lists: list[Declared]
     has_separate_cfg: bool  # the value cache-dit will use when the cache config leaves it unset
     patch_functor: str | None
+    plugged: bool = False  # the integration file built it: the pipeline now carries whatever its block_adapter did
 
 
 def _adapter_view(ctx: Context) -> AdapterView | None:
@@ -66,7 +67,7 @@ def _adapter_view(ctx: Context) -> AdapterView | None:
                 declared.append(Declared(t_name, _list_attributes(transformer, b), getattr(p, "name", str(p))))
         cfg = bool(adapter.has_separate_cfg) or BlockAdapterRegister.has_separate_cfg(pipe)
         functor = type(adapter.patch_functor).__name__ if adapter.patch_functor is not None else None
-        return AdapterView(f"block_adapter of {integration.path.name}", declared, cfg, functor)
+        return AdapterView(f"block_adapter of {integration.path.name}", declared, cfg, functor, plugged=True)
     registered = ctx.need_anatomy()["cache_dit"].get("adapter")
     if not registered or registered.get("error"):
         return None
@@ -83,6 +84,33 @@ def _no_adapter(ctx: Context) -> Outcome:
     error = ctx.need_anatomy()["cache_dit"].get("adapter_error")
     return failed("no block adapter: no integration file defines block_adapter, and cache-dit registers none for "
                   f"{ctx.need_anatomy()['pipeline']['cls']}" + (f" ({error})" if error else ""))
+
+
+def _observed_lists(ctx: Context, view: AdapterView) -> list[dict[str, Any]]:
+    """The block lists to judge the adapter on, as the blocks were seen to run (inputs, outputs in return order).
+
+    An integration file's block_adapter may change the model it is given (a list of its own, such as pairs of
+    interleaved blocks, and a forward that loops over it): its lists are then observed on one more probe run of the
+    pipeline after block_adapter ran, not taken from the inspection of the untouched model."""
+    if not view.plugged:
+        return ctx.need_anatomy()["block_lists"]
+    if ctx.plugged_lists is None:
+        from ditgate.inspect.anatomy import build_call, classify_components, run_probe
+        from ditgate.inspect.blocks import _analyse_lists
+
+        pipe = ctx.pipe()  # the one block_adapter(pipe) was given by _adapter_view
+        transformers = classify_components(pipe)["transformers"]
+        call, _ = build_call(pipe, ctx.model.request)
+        probe = run_probe(pipe, transformers, call, ctx.model.request.seed)
+        ctx.plugged_lists = [asdict(b) for name, t in transformers.items()
+                             for b in _analyse_lists(name, t, probe.transformers[name])[0]]
+    return ctx.plugged_lists
+
+
+def _declared_of(view: AdapterView, observed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The observed lists the adapter declares (a list merged from several attributes counts with each)."""
+    names = {(d.transformer, a) for d in view.lists for a in d.attributes}
+    return [b for b in observed if (b["transformer"], b["attribute"]) in names]
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -115,7 +143,8 @@ def forward_pattern_matches(ctx: Context, args: dict[str, Any]) -> Outcome:
     view = _adapter_view(ctx)
     if view is None:
         return _no_adapter(ctx)
-    observed = {(b["transformer"], b["attribute"]): b for b in ctx.need_anatomy()["block_lists"]}
+    observed = {(b["transformer"], b["attribute"]): b for b in _observed_lists(ctx, view)}
+    seen_as = "as observed after block_adapter ran" if view.plugged else "as observed"
     good, bad = [], []
     for declared in view.lists:
         if not declared.attributes:
@@ -123,7 +152,8 @@ def forward_pattern_matches(ctx: Context, args: dict[str, Any]) -> Outcome:
         for attribute in declared.attributes:
             seen = observed.get((declared.transformer, attribute))
             if seen is None:
-                bad.append(f"{attribute}: not a block list inspect found on {declared.transformer}")
+                bad.append(f"{attribute}: not a block list of {declared.transformer} that the pipeline called "
+                           "(a ModuleList attribute of blocks of one class)")
             elif seen["pattern"] is None:
                 bad.append(f"{attribute}: declared {declared.pattern}, but no ForwardPattern fits what inspect "
                            f"observed ({seen['pattern_reason'] or 'the list was not called'})")
@@ -134,7 +164,7 @@ def forward_pattern_matches(ctx: Context, args: dict[str, Any]) -> Outcome:
                 good.append(f"{attribute} {declared.pattern}")
     if bad:
         return failed(f"{view.source}: " + "; ".join(bad))
-    return passed(f"{view.source}: " + ", ".join(good) + " — as observed")
+    return passed(f"{view.source}: " + ", ".join(good) + f" — {seen_as}, from the order the blocks return")
 
 
 def separate_cfg_matches(ctx: Context, args: dict[str, Any]) -> Outcome:
@@ -150,10 +180,16 @@ def separate_cfg_matches(ctx: Context, args: dict[str, Any]) -> Outcome:
 
 
 def patch_functor_when_needed(ctx: Context, args: dict[str, Any]) -> Outcome:
-    needed = [b for b in ctx.need_anatomy()["block_lists"] if b["patch_functor_needed"]]
-    if not needed:
-        return passed("every block loop inspect observed does nothing but call its blocks: no PatchFunctor needed")
     view = _adapter_view(ctx)
+    if view is None:  # no adapter: every list inspect observed could be cached by one
+        lists, which = ctx.need_anatomy()["block_lists"], "every block loop inspect observed"
+    else:  # only the lists the adapter caches: a list it leaves alone runs whole, its loop included
+        lists = _declared_of(view, _observed_lists(ctx, view))
+        which = "the loop of every block list the adapter declares" + (
+            " (observed after block_adapter ran)" if view.plugged else "")
+    needed = [b for b in lists if b["patch_functor_needed"]]
+    if not needed:
+        return passed(f"{which} does nothing but call its blocks: no PatchFunctor needed")
     if view is None:
         return _no_adapter(ctx)
     findings = "; ".join(f"{b['attribute']}: {', '.join(b['loop_findings'])}" for b in needed)

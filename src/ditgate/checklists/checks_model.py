@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from typing import Any
@@ -90,11 +91,17 @@ def cp_plan_consistent(ctx: Context, args: dict[str, Any]) -> Outcome:
 
 def extra_module_planner(ctx: Context, args: dict[str, Any]) -> Outcome:
     from cache_dit.utils import parse_extra_modules
+    from diffusers import ModularPipeline
+
+    from ditgate.run.exec.modular import extra_modules_visible
 
     module = args["module"]
     ctx.integration()  # planners an integration file registers at import count
     pipe = ctx.pipe()
-    found = parse_extra_modules(pipe, [module])
+    # cache-dit resolves the name as the rows' enable_cache does; a ModularPipeline is made visible the same way
+    visible = extra_modules_visible(pipe) if isinstance(pipe, ModularPipeline) else contextlib.nullcontext()
+    with visible:
+        found = parse_extra_modules(pipe, [module])
     if not found:
         return failed(f"the pipeline has no component {module!r}")
     target = found[0]

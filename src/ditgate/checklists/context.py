@@ -44,6 +44,7 @@ class Context:
     run_dir: Path | None = None
     report: dict[str, Any] | None = None
     cache_config: dict[str, Any] = field(default_factory=dict)  # --cache-config: on top of the default cache rows'
+    plugged_lists: list[dict[str, Any]] | None = None  # block lists observed after the plugin's block_adapter ran
     _integration: Any = field(default=None, repr=False)
     _pipe: Any = field(default=None, repr=False)
 

@@ -154,7 +154,24 @@ def _fresh_folder(opts: RunOptions) -> Path:
 
 
 def _needs_anatomy(item: Item) -> bool:
-    return item.kind == "inspect" or item.kind == "named" and _check_of(item).anatomy
+    return item.kind == "inspect" or item.kind == "named" and _check_of(item).anatomy or \
+        item.kind == "row" and bool(item.check.get("size"))
+
+
+_SIZE_WHY = {  # why the call's size does not do for a row item's `size`, in words
+    "vaep": "decodes in one VAE tile of {tile} pixels, so VAE-P has nothing to spread",
+    "cp": "has {tokens} tokens, which do not split evenly over 2, 4 and 8 ranks",
+}
+
+
+def _row_size(item: Item, anatomy: dict[str, Any] | None, call: dict[str, Any]) -> tuple[int, int] | None:
+    """(height, width) a row item runs at when its feature does not act at the call's size (its `size`: the
+    smallest size where it does, from the anatomy's `sizes`); None: at the call's size."""
+    key = item.check.get("size")
+    found = ((anatomy or {}).get("sizes") or {}).get(key) if key else None
+    if not found or tuple(found) == (call.get("height"), call.get("width")):
+        return None
+    return int(found[0]), int(found[1])
 
 
 @dataclass
@@ -206,11 +223,18 @@ class _Session:
             self.outcomes[c.name, i.id] = self.memo[key]
 
     def run_rows(self, run_dir: Path) -> None:
-        """ONE runner call: every row item, plus the rows that named checks are judged on."""
+        """ONE runner call at the call's size: every row item, plus the rows that named checks are judged on; and
+        one more per other size that a row item's `size` asks for (its own folder `at-HxW` in the run folder)."""
         from ditgate.run.define.rows import BASELINE, DEFAULT_ROWS, select, with_cache_config
         from ditgate.run.runner import RunConfig, copy_finished_rows, run
 
-        wanted = list(dict.fromkeys(i.check["row"] for c, i in self.items if i.kind == "row"))
+        call = self.opts.model.request.call
+        sized = {(c.name, i.id): hw for c, i in self.items
+                 if i.kind == "row" and (hw := _row_size(i, self.ctx.anatomy, call)) is not None}
+        for hw in dict.fromkeys(sized.values()):
+            self.run_sized(run_dir, hw, [(c, i) for c, i in self.items if sized.get((c.name, i.id)) == hw])
+        wanted = list(dict.fromkeys(i.check["row"] for c, i in self.items
+                                    if i.kind == "row" and (c.name, i.id) not in sized))
         extra = {}
         for c, i in self.named():
             check = _check_of(i)
@@ -234,8 +258,33 @@ class _Session:
         self.ctx.report = run(cfg, progress=self.say)
         self.ctx.run_dir = Path(self.ctx.report["run_dir"])
         for c, i in self.items:
-            if i.kind == "row":
+            if i.kind == "row" and (c.name, i.id) not in sized:
                 self.outcomes[c.name, i.id] = _row_outcome(self.ctx.row(i.check["row"]), i.check["row"])
+
+    def run_sized(self, run_dir: Path, hw: tuple[int, int], items: list[tuple[Checklist, Item]]) -> None:
+        """The row items that need size `hw` (and their baselines), in a runner call of their own at that size."""
+        from dataclasses import replace
+
+        from ditgate.run.define.rows import DEFAULT_ROWS, select, with_cache_config
+        from ditgate.run.runner import RunConfig, run
+
+        o, req = self.opts, self.opts.model.request
+        model = o.model.with_request(replace(req, call={**req.call, "height": hw[0], "width": hw[1]}))
+        folder = run_dir / f"at-{hw[0]}x{hw[1]}"
+        names = list(dict.fromkeys(i.check["row"] for c, i in items))
+        self.say(f"checklist: running rows {', '.join(names)} at {hw[0]}x{hw[1]} (in {folder})")
+        rows = with_cache_config(select(DEFAULT_ROWS, names), o.cache_config)
+        report = run(RunConfig(model=model, rows=rows, out=folder, integration=o.integration, timeout=o.timeout,
+                               twin=o.twin), progress=self.say)
+        sizes = self.ctx.anatomy["sizes"]
+        at = f"{req.call.get('height')}x{req.call.get('width')}"
+        for c, i in items:
+            why = _SIZE_WHY[i.check["size"]].format(**sizes)
+            row = next((r for r in report["rows"] if r["name"] == i.check["row"]), None)
+            outcome = _row_outcome(row, i.check["row"])
+            self.outcomes[c.name, i.id] = Outcome(
+                outcome.status, f"at {hw[0]}x{hw[1]}, not the call's {at}, which {why} (rows in {folder.name}/): "
+                                f"{outcome.evidence}")
 
 
 def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[str, Any]]:
@@ -244,6 +293,7 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     Order: inspect; named checks that only read the pipeline (on the inspected copy); the runner; named checks
     judged on its rows; named checks that change a pipeline (each on a fresh load).
     """
+    from ditgate.core.request import added as request_added
     from ditgate.run.exec.folder import versions as _versions
 
     run_dir = _fresh_folder(opts)
@@ -266,6 +316,7 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
         "pipeline": opts.model.pipeline, "trust_remote_code": opts.model.trust_remote_code,
         "command": reproduce_command([c.name for c in checklists], opts),
         "dtype": opts.model.dtype, "device": opts.model.device, "request": opts.model.request.to_dict(),
+        "added_to_call": request_added(opts.model.request),
         "run_dir": str(run_dir),
         "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
     }

@@ -22,6 +22,7 @@ from typing import Any
 from ditgate import zoo
 from ditgate.core import logs
 from ditgate.core import modular
+from ditgate.core import warm as warm_mod
 from ditgate.core.examples import ensure_packages
 from ditgate.core.errors import DitgateError, ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
 
@@ -261,16 +262,31 @@ def _offline():
                 os.environ[k] = v
 
 
+def _loading(exc: BaseException) -> str:
+    """The component diffusers was loading when `exc` was raised (its loader's `name`), or "?"."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "load_sub_model" and isinstance(tb.tb_frame.f_locals.get("name"), str):
+            return tb.tb_frame.f_locals["name"]
+        tb = tb.tb_next
+    return "?"
+
+
 def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = "cpu", *,
-         pipeline: str | None = None, trust_remote_code: bool = False, **kwargs):
+         pipeline: str | None = None, trust_remote_code: bool = False, warm: bool = True, **kwargs):
     """Load the pipeline at `model` (a folder or `zoo:NAME`) without touching the network.
 
     `dtype` is a torch dtype or its name; `device` is where the pipeline is moved ("cpu", "cuda", "cuda:1", or
     None to leave it); `pipeline` is a "module:Class" override; other keyword arguments go to `from_pretrained`.
+    A pipeline the process keeps loaded for this folder (`ditgate.core.warm`, in a command `ditgate serve` runs)
+    is taken instead of reading the folder when `warm` and no other keyword is given.
     """
     check_device(device)
     dtype = torch_dtype(dtype)
     path = resolve(model)
+    kept = warm_mod.take(path, dtype, pipeline) if warm and not kwargs and not trust_remote_code else None
+    if kept is not None:
+        return kept if device in (None, "cpu") else kept.to(device)
     if modular.wants_modular(path, pipeline):
         with _offline():
             return logs.quiet_pipeline(modular.load(path, torch_dtype(dtype), device, pipeline=pipeline,
@@ -286,8 +302,17 @@ def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = 
         raise PipelineClassError(f"{cls.__module__}.{cls.__qualname__} has no from_pretrained; it is not a pipeline")
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
-    with _offline():
-        pipe = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs)
+    try:
+        with _offline():
+            pipe = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs)
+    except (RuntimeError, ValueError) as exc:
+        text = " ".join(str(exc).split())
+        if "mismatch" not in text.lower() and "expected shape" not in text:
+            raise
+        said = "" if "ignore_mismatched_sizes" in text else f": {text[:200]}"  # that one points at a hidden report
+        raise DitgateError(f"cannot load {path}: the weights of component {_loading(exc)} do not match its "
+                           f"config.json (a size the config gives wrong: vocab_size, hidden_size, a layer count){said}"
+                           ) from None
     if device is not None:
         pipe = pipe.to(device)
     for component in getattr(pipe, "components", {}).values():

@@ -16,6 +16,13 @@
         block list's attribute, or `"transformer_2.blocks"` for a list of another transformer component. A list it
         does not name is split on dimension 1, the sequence of `[batch, sequence, dim]`. ditgate's CP proof checks
         each list on its dimension; a factorized model (attention within frames, then across frames) needs it.
+        Per stream, for blocks that return several sequences: a tuple with one entry per tensor returned, in order,
+        `None` for a stream kept whole: `{"blocks": (1, None)}` (video split on dimension 1, audio kept whole).
+    NOT_COVERED = {"cache": ["transformer_2"]}
+        Not a function: the transformer components a feature deliberately leaves alone (features `cache`, `cp`,
+        `tp`). The proofs check every transformer the pipeline calls and fail a feature that acts on one and not on
+        another, naming both; a transformer declared here is reported "not covered" instead (and fails if the
+        feature acts on it after all).
 
 `cp_plan` and `tp_plan` are registered as cache-dit planners for the transformer's class, ahead of any planner
 cache-dit already has for it; the code moves into cache-dit unchanged as a planner's `_apply`. Planners for a text
@@ -38,6 +45,8 @@ from ditgate.core.errors import DitgateError
 
 HOOKS = ("block_adapter", "cp_plan", "tp_plan")
 SPLIT_DIMS = "CP_SPLIT_DIMS"
+NOT_COVERED = "NOT_COVERED"
+COVERED_FEATURES = ("cache", "cp", "tp")  # the features whose proofs look at every transformer
 
 
 class PluginError(DitgateError):
@@ -51,6 +60,7 @@ class Integration:
     cp_plan: Callable | None = None
     tp_plan: Callable | None = None
     cp_split_dims: dict[str, int | None] | None = None
+    not_covered: dict[str, list[str]] | None = None  # feature -> transformer components it leaves alone
 
     def register_planners(self, class_names: list[str]) -> Callable[[], None]:
         """Make cache-dit use this file's CP/TP plans for transformers of these classes (in this process).
@@ -149,36 +159,63 @@ def load(path: str | Path | None) -> Integration | None:
             raise PluginError(f"{path}: {hook} must be a function")
     if not any(hooks.values()):
         raise PluginError(f"{path} defines none of {', '.join(HOOKS)}")
-    return Integration(path=path, cp_split_dims=split_dims(path, getattr(module, SPLIT_DIMS, None)), **hooks)
+    return Integration(path=path, cp_split_dims=split_dims(path, getattr(module, SPLIT_DIMS, None)),
+                       not_covered=not_covered(path, getattr(module, NOT_COVERED, None)), **hooks)
 
 
-def split_dims(path: Path, value: Any) -> dict[str, int | None] | None:
-    """The file's CP_SPLIT_DIMS, checked: {block list: dimension or None}."""
+def not_covered(path: Path, value: Any) -> dict[str, list[str]] | None:
+    """The file's NOT_COVERED, checked: {feature: [transformer component, ...]}."""
     if value is None:
         return None
     if not isinstance(value, dict) or not all(
-            isinstance(k, str) and k and (v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0))
+            k in COVERED_FEATURES and isinstance(v, (list, tuple)) and all(isinstance(n, str) and n for n in v)
             for k, v in value.items()):
-        raise PluginError(f"{path}: {SPLIT_DIMS} must map block list names to a dimension (an int >= 0) or None, "
-                          f"got {value!r}")
-    return dict(value)
+        raise PluginError(f"{path}: {NOT_COVERED} must map a feature ({', '.join(COVERED_FEATURES)}) to a list of "
+                          f"transformer component names, got {value!r}")
+    return {k: list(v) for k, v in value.items()}
+
+
+def _dim(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+def split_dims(path: Path, value: Any) -> dict[str, Any] | None:
+    """The file's CP_SPLIT_DIMS, checked: {block list: dimension, None, or a tuple of them (one per stream)}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k and (_dim(v) or (isinstance(v, (tuple, list)) and v and all(map(_dim, v))))
+            for k, v in value.items()):
+        raise PluginError(f"{path}: {SPLIT_DIMS} must map block list names to a dimension (an int >= 0), None, or "
+                          f"a tuple of them, one per tensor the blocks return (None: kept whole), got {value!r}")
+    return {k: tuple(v) if isinstance(v, (tuple, list)) else v for k, v in value.items()}
+
+
+def format_split_dims(dims: dict[str, Any]) -> str:
+    """CP_SPLIT_DIMS as `--cp-split-dims` takes it: `blocks=1:none,refiner=none`."""
+    one = lambda v: "none" if v is None else str(v)  # noqa: E731
+    return ",".join(f"{k}={':'.join(map(one, v)) if isinstance(v, (tuple, list)) else one(v)}"
+                    for k, v in dims.items())
 
 
 SPLIT_DIMS_ENV = "DITGATE_CP_SPLIT_DIMS"
 
 
 def parse_split_dims(text: str) -> dict[str, int | None]:
-    """`--cp-split-dims spatial_blocks=1,temporal_blocks=0,refiner=none`: CP_SPLIT_DIMS without an integration file
-    (the model's planners live in cache-dit, e.g. an exported tree), for the CP proof."""
+    """`--cp-split-dims spatial_blocks=1,temporal_blocks=0,refiner=none,blocks=1:none`: CP_SPLIT_DIMS without an
+    integration file (the model's planners live in cache-dit, e.g. an exported tree), for the CP proof; `1:none`
+    declares per stream (what the blocks return, in order)."""
     out: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise PluginError(f"--cp-split-dims {item!r}: write LIST=DIM (e.g. temporal_blocks=0, or LIST=none)")
         try:
-            out[key] = None if value.lower() == "none" else int(value)
+            dims = [None if v.lower() == "none" else int(v) for v in value.split(":")]
         except ValueError:
-            raise PluginError(f"--cp-split-dims {item!r}: the dimension is an integer or none") from None
+            raise PluginError(f"--cp-split-dims {item!r}: the dimension is an integer or none (per stream: "
+                              "1:none)") from None
+        out[key] = dims[0] if len(dims) == 1 else tuple(dims)
     return split_dims(Path("--cp-split-dims"), out)
 
 

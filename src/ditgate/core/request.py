@@ -3,7 +3,9 @@
 One request object serves every command (run, inspect, matrix, checklist, notebook, diff). Its call arguments come,
 each overriding the one before, from the model folder's `ditgate.json` ("call", the zoo writes it; a user may write
 one too), a `--call-file FILE` (JSON or YAML), `--call KEY=VALUE` options and the named flags (`--prompt`,
-`--height`, `--width`, `--frames`, `--steps`). Nothing else is added: no negative prompt, no guidance scale.
+`--height`, `--width`, `--frames`, `--steps`). Nothing else is added (no negative prompt, no guidance scale) but
+what `added` lists: a test prompt where none was given, a seeded test image where the pipeline requires one (an
+optional `image` stays out; `--call image=null` passes None), the signature's default step count by name.
 
 `resolve(request, pipeline_class)` fits it to the pipeline's `__call__` before anything runs: the frame count goes
 under the name the signature uses, the step count comes from the signature's default when not given, an input
@@ -29,6 +31,13 @@ IMAGE_NAMES = ("image", "image_reference", "control_image", "ref_image", "input_
 # Pipelines whose name says they transform an input image (they need one even where `image` has a default)
 _NEEDS_IMAGE = re.compile(r"ImageToVideo|Image2Video|I2V|Img2Img|Edit|Inpaint|Control|Kontext|VisualCloze")
 _SIZED = ("height", "width", "num_inference_steps")
+# Call arguments ditgate passes itself, whatever the request says: a value given for one would be replaced silently
+# while the report recorded it as used, so it is refused (ditgate reads the output as NumPy and the final latents
+# through its own step callback, and seeds its own generator).
+OWN_ARGUMENTS = ("output_type", "callback_on_step_end", "callback_on_step_end_tensor_inputs", "callback",
+                 "callback_steps", "generator")
+# Outputs per prompt: ditgate compares one output per prompt, so more than one would go unchecked.
+PER_PROMPT = ("num_images_per_prompt", "num_videos_per_prompt", "num_waveforms_per_prompt", "num_audios_per_prompt")
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,8 @@ def build(meta: dict[str, Any], *, prompt: str | None = None, height: int | None
           extra: dict[str, Any] | None = None, image: str | None = None) -> Request:
     """Request from the folder's metadata (`meta["call"]`, may be empty), then `extra` (call file and --call), then
     the named values."""
+    for where, given in (("ditgate.json \"call\"", meta.get("call", {})), ("--call/--call-file", extra or {})):
+        _refuse_overridden(given, where)
     call = dict(meta.get("call", {}))
     call.update(extra or {})
     call.setdefault("prompt", DEFAULT_PROMPT)
@@ -118,6 +129,20 @@ def build(meta: dict[str, Any], *, prompt: str | None = None, height: int | None
     if image is not None and image != "generated" and not Path(image).is_file():
         raise DitgateError(f"--image {image}: no such file")
     return Request(call=call, seed=seed, vae_tiling=dict(meta.get("vae_tiling", {})), frames=frames, image=image)
+
+
+def _refuse_overridden(call: dict[str, Any], where: str) -> None:
+    """Refuse call arguments ditgate cannot honour (see OWN_ARGUMENTS and PER_PROMPT)."""
+    own = sorted(k for k in call if k in OWN_ARGUMENTS)
+    if own:
+        raise DitgateError(f"{where}: {', '.join(own)} cannot be set: ditgate passes it itself (it reads the output "
+                           "as NumPy arrays, the final latents through its own step callback, and seeds its own "
+                           "generator); remove it")
+    for key in PER_PROMPT:
+        value = call.get(key)
+        if value is not None and (isinstance(value, bool) or value != 1):
+            raise DitgateError(f"{where}: {key}={value!r} is not supported: ditgate gates one output per prompt; "
+                               "to judge more outputs, give more prompts or seeds (--prompts FILE, --seeds N)")
 
 
 def _parameters(cls) -> dict[str, inspect.Parameter]:
@@ -212,6 +237,22 @@ def input_image(request: Request):
             return img.convert("RGB")
     except OSError as exc:
         raise DitgateError(f"--image {request.image}: not an image PIL can read ({exc})") from None
+
+
+def added(request: Request) -> dict[str, str]:
+    """What ditgate put into the call that the user did not give, each with its reason (report.json
+    `added_to_call`, report.md): its test prompt where none was given, its seeded test image where the pipeline
+    requires an input image, the pipeline's own default step count passed by name. Nothing else is added."""
+    found = {}
+    if request.call.get("prompt") == DEFAULT_PROMPT:
+        found["prompt"] = f"ditgate's test prompt {DEFAULT_PROMPT!r}: none was given (--prompt sets one)"
+    if request.image == "generated" and request.image_key:
+        found[request.image_key] = ("ditgate's seeded test image of the call's size: the pipeline requires an input "
+                                    "image (no default, or its class transforms one); --image FILE gives yours")
+    if request.steps_from == "signature":
+        found["num_inference_steps"] = (f"{request.steps}, the pipeline's own default, passed by name so that "
+                                        "every row counts the same steps")
+    return found
 
 
 def call_kwargs(pipe, request: Request) -> dict[str, Any]:

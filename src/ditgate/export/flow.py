@@ -130,7 +130,8 @@ def plan(model, integration: Path, to: Path, out: Path | None, rows: list[str] |
     tree.files[result.test_rel] = test_text
     entry, why_not = (None, "a ModularPipeline: cache-dit-generate loads pipelines with from_pretrained") \
         if model.is_modular else written.example_entry(
-            names, model_id or _model_id(model), twin.modality, module, model.request.call,
+            names, model_id or written.check_model_id(_model_id(model), "the model's name"), twin.modality, module,
+            model.request.call,
             model.trust_remote_code, bool(model.request.image_key))
     if entry:
         block = f"{names.marker(integration.name)}\n{entry}"

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ditgate.core import logs
+from ditgate.core import logs, plugin
 
 # the default rows of each hook (the runner adds their baselines and the caching-off twin)
 ROWS = {"block_adapter": ["cache"], "cp_plan": ["cp-ulysses-2", "cp-ring-2"], "tp_plan": ["tp-2"]}
@@ -69,7 +69,7 @@ def proof_run(model, tree_root: Path, rows: list[str], out: Path, split_dims: di
     command = [sys.executable, "-m", "ditgate", "run", *_model_options(model, out.parent), "--rows", ",".join(rows),
                "--cache-dit", str(tree_root), "--out", str(out), "--json", "-q"]
     if split_dims:
-        command += ["--cp-split-dims", ",".join(f"{k}={'none' if v is None else v}" for k, v in split_dims.items())]
+        command += ["--cp-split-dims", plugin.format_split_dims(split_dims)]
     logs.progress(f"export: proving with no integration file, cache-dit from {tree_root}")
     done = subprocess.run(command, capture_output=True, text=True)
     report = out / "report.json"

@@ -45,6 +45,10 @@ class Tree:
         for rel in (ADAPTERS, ADAPTERS_INIT, PLANNERS, EXAMPLES):
             if not (root / rel).is_file():
                 raise ExportError(f"{root}: {rel} is missing (cache-dit 1.5.x layout expected)")
+        for path in [root / "cache_dit", *(root / "cache_dit").rglob("*")]:  # the export writes only inside the tree
+            if path.is_symlink():
+                raise ExportError(f"{path} is a symbolic link (to {os.readlink(path)}): the export would write where "
+                                  "it points (an installed cache-dit, another tree); export into a tree of real files")
         return cls(root=root)
 
     def version(self) -> str:

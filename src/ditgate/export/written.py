@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
 from ditgate.export.compose import Names
-from ditgate.export.tree import Tree
+from ditgate.export.tree import ExportError, Tree
 
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 _LIBRARIES = ("diffusers", "transformers", "torch")
@@ -135,6 +136,18 @@ def _wrap(line: str, width: int = 100) -> str:
     return textwrap.fill(line, width=width, subsequent_indent=indent, break_on_hyphens=False) if line else line
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def check_model_id(model_id: str, where: str = "--model-id") -> str:
+    """`model_id` when it is a hub id (`NAME` or `ORG/NAME`): it is written into cache-dit's examples.py as a string,
+    so quotes, backslashes, new lines or `..` would change the code the tree runs."""
+    if not _HUB_ID.fullmatch(model_id) or ".." in model_id:
+        raise ExportError(f"{where} {model_id!r} is not a hub id (NAME or ORG/NAME of letters, digits, '.', '-', '_'); "
+                          "it is written into cache-dit's examples.py: pass --model-id ORG/NAME")
+    return model_id
+
+
 def example_entry(names: Names, model_id: str, modality: str, pipeline_module: str, call: dict,
                   trust_remote_code: bool, image_input: bool) -> tuple[str | None, str | None]:
     """The `@ExampleRegister.register` function for cache-dit-generate, or why none is written."""
@@ -145,6 +158,7 @@ def example_entry(names: Names, model_id: str, modality: str, pipeline_module: s
     if image_input:
         return None, ("the pipeline takes an input image: cache-dit-generate's I2V/IE2I examples load it from a URL "
                       "or file per model; write its ExampleInputData.image by hand")
+    check_model_id(model_id)
     task = "T2I" if modality == "image" else "T2V"
     env = f"{names.slug.upper()}_DIR"
     inputs = [f"      {key}={value!r}," for key, value in sorted(call.items())

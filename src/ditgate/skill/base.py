@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,26 @@ class Skill:
         return (self.root / rel).exists()
 
 
+def stray_links(root: Path) -> list[tuple[str, str]]:
+    """Symbolic links in the installed parts of the skill at `root` that a copy could not keep: (relative path,
+    why) for a link whose target does not exist, and for one pointing outside the skill (copying it would install
+    what it points at, `references/x.md -> /etc/passwd`)."""
+    root = Path(root).resolve()
+    found = []
+    for part in INSTALLED_PARTS:
+        top = root / part
+        paths = [top, *top.rglob("*")] if top.is_dir() and not top.is_symlink() else [top]
+        for path in paths:
+            if not path.is_symlink():
+                continue
+            rel, target = path.relative_to(root).as_posix(), os.readlink(path)
+            if not path.exists():
+                found.append((rel, f"a broken link (to {target})"))
+            elif not path.resolve().is_relative_to(root):
+                found.append((rel, f"a link out of the skill (to {target})"))
+    return found
+
+
 def load_skill(root: str | Path) -> Skill:
     root = Path(root).resolve()
     if not root.is_dir():
@@ -62,7 +83,7 @@ def load_skill(root: str | Path) -> Skill:
     paths = [root / SKILL_FILE] if (root / SKILL_FILE).is_file() else []
     paths += sorted((root / REFERENCES).rglob("*.md")) if (root / REFERENCES).is_dir() else []
     for path in paths:
-        if not path.is_file():
+        if not path.is_file() or not path.resolve().is_relative_to(root):  # a link out of it is never read
             continue
         try:
             doc = parse(path, root)

@@ -18,7 +18,7 @@ import yaml
 
 from ditgate.core.errors import DitgateError
 from ditgate.core.paths import data_root
-from ditgate.skill.base import INSTALLED_PARTS, SKILL_FILE
+from ditgate.skill.base import INSTALLED_PARTS, SKILL_FILE, stray_links
 from ditgate.skill.markdown import split_frontmatter
 from ditgate.skill.spec import NAME_PATTERN
 
@@ -119,24 +119,16 @@ def _place(source: Path, dest: Path, link: bool) -> None:
             _remove(tmp)
 
 
-def _broken_links(source: Path) -> list[str]:
-    """Links in the parts that would be installed whose target does not exist (relative to `source`)."""
-    found = []
-    for part in INSTALLED_PARTS:
-        root = source / part
-        paths = [root, *root.rglob("*")] if root.is_dir() else [root]
-        found += [str(p.relative_to(source)) for p in paths if p.is_symlink() and not p.exists()]
-    return found
-
-
 def install_skill(target: str | Path, source: str | Path | None = None, layouts: tuple[str, ...] = ("agents",),
                   link: bool = False, force: bool = False) -> InstallResult:
     """Install the skill at `source` (default: this repository) under `target`; returns where it went."""
     source = Path(source or default_source()).resolve()
     name = skill_name(source)
-    broken = _broken_links(source)
-    if broken and not link:
-        raise SkillInstallError(f"{source} holds broken link(s): {', '.join(broken[:5])}; fix or remove them first")
+    stray = stray_links(source)
+    if stray:  # a copy would install what a link out of the skill points at; an installed link would point there
+        raise SkillInstallError(f"{source}: {stray[0][0]} is {stray[0][1]}" + (f" ({len(stray) - 1} more)" if
+                                len(stray) > 1 else "") + "; a skill's links must stay inside it: replace them with "
+                                "the files, or remove them (`ditgate lint` lists them)")
     target = Path(target).absolute()
     for folder in (target, *target.parents):
         if folder.exists():

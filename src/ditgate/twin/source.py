@@ -11,6 +11,7 @@ else with a folder of configs (scheduler, feature extractor: copied as it is).
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,12 +78,60 @@ def read(model: str | Path, *, pipeline: str | None = None, trust_remote_code: b
             raise TwinError(f"{path / 'model_index.json'}: component {name} is {entry!r}, not a [library, class] pair")
         source.components[name] = _component(path, name, entry, entry[0], entry[1], trust_remote_code)
     _check_configs(source)
+    _check_vocabularies(source)
     return source
+
+
+def _check_vocabularies(source: Source) -> None:
+    """A tokenizer shipped with its files and the encoder that reads its ids must agree: a config whose vocab_size
+    is below the tokenizer's length (a config that lies) would fail the twin's first call with an IndexError deep
+    in an embedding, after every component was built. Refused first, naming both."""
+    from ditgate.twin.text import paired
+
+    for name, component in source.components.items():
+        if component.kind != "tokenizer" or not component.has_tokenizer_files or component.cls is None:
+            continue
+        encoders = {n: read_json(source.components[n].folder / "config.json", f"component {n}")
+                    for n in paired(source, name) if source.components[n].folder is not None
+                    and (source.components[n].folder / "config.json").is_file()}
+        sizes = {n: c.get("vocab_size", (c.get("text_config") or {}).get("vocab_size")) for n, c in encoders.items()}
+        sizes = {n: v for n, v in sizes.items() if isinstance(v, int) and not isinstance(v, bool)}
+        if not sizes:
+            continue
+        try:
+            tokenizer = component.cls.from_pretrained(component.folder)
+            length = len(getattr(tokenizer, "tokenizer", tokenizer))  # a processor holds its tokenizer
+        except Exception:  # noqa: BLE001 - files this check cannot read: the twin copies them and its call judges
+            continue
+        for encoder, size in sizes.items():
+            if size < length:
+                raise TwinError(f"component {encoder}: its config's vocab_size is {size:,}, but {name} has {length:,} "
+                                f"tokens, so ids from {size:,} up would index past its embedding table; the config "
+                                "does not match the tokenizer: fix vocab_size (or the tokenizer files)")
+
+
+def _check_links(source: Source) -> None:
+    """The twin copies the source's files (configs, tokenizers, schedulers, code): a symbolic link out of the model
+    folder would have it copy whatever the link points at (`scheduler/scheduler_config.json -> ~/.ssh/id_rsa`) into
+    a folder meant to be shared. Refused, except links into the hub cache's own blobs (a snapshot's files are links
+    to `models--ORG--NAME/blobs/`)."""
+    root = source.path.resolve()
+    allowed = [root]
+    if source.path.parent.name == "snapshots" and (source.path.parent.parent / "blobs").is_dir():
+        allowed.append(source.path.parent.parent.resolve())
+    folders = [c.folder for c in source.components.values() if c.folder is not None]
+    paths = [*source.path.iterdir(), *(p for folder in folders for p in [folder, *folder.rglob("*")])]
+    for path in paths:
+        if path.is_symlink() and not any(path.resolve().is_relative_to(a) for a in allowed):
+            raise TwinError(f"{path} is a symbolic link out of the model folder (to {os.readlink(path)}); a twin "
+                            "copies the folder's files and would copy what it points at: replace the link with the "
+                            "file")
 
 
 def _check_configs(source: Source) -> None:
     """Read every JSON file of the components' folders before anything is built: a broken config is refused
     before the first component costs time."""
+    _check_links(source)
     for name, component in source.components.items():
         if component.folder is not None and component.kind in ("model", "config"):
             for file in sorted(component.folder.glob("*.json")):

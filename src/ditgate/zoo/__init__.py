@@ -93,6 +93,14 @@ ZOO: dict[str, ZooModel] = {
                  {"prompt": "a tiny red cube spinning on a table", "negative_prompt": "blurry", "height": 32,
                   "width": 32, "num_frames": 4, "num_inference_steps": 8, "guidance_scale": 4.0,
                   "max_sequence_length": 32}),
+        ZooModel("tinyav", "TinyAVPipeline", "video",
+                 "not in diffusers (examples/tinyav): 2 fused blocks taking video and audio tokens (audio attends to "
+                 "itself, video to both); T5; per-frame VAE and a vocoder; returns frames and audio; 4 frames of "
+                 "16x16 -> 64 video + 31 audio tokens",
+                 builders.build_tinyav,
+                 {"prompt": "a tiny drum on a table", "negative_prompt": "blurry", "height": 16, "width": 16,
+                  "num_frames": 4, "audio_frames": 31, "num_inference_steps": 8, "guidance_scale": 4.0,
+                  "max_sequence_length": 16}),
         ZooModel("tinymoe", "TinyMoEPipeline", "image",
                  "not in diffusers (examples/tinymoe): 2 blocks with an expert-choice MoE (4 packed experts, a fused "
                  "SwiGLU shared expert), chunked modulation, q_norm/k_norm; T5; 32x32 -> 64 tokens",

@@ -160,7 +160,8 @@ def build_tinymm(seed: int = 0):
                           tokenizer=t5_tokenizer(), transformer=transformer)
 
 
-def _example_pipeline(package: str, pipeline: str, transformer: str, seed: int, **config):
+def _example_pipeline(package: str, pipeline: str, transformer: str, seed: int, components: dict | None = None,
+                      **config):
     """A pipeline of an example package (T5 text encoder, AutoencoderKL, Euler flow scheduler) with seeded weights."""
     import importlib
 
@@ -173,7 +174,8 @@ def _example_pipeline(package: str, pipeline: str, transformer: str, seed: int, 
     model = _seeded(seed, lambda: getattr(module, transformer)(**config))
     return getattr(module, pipeline)(scheduler=FlowMatchEulerDiscreteScheduler(),
                                      vae=_kl_vae(seed + 2, shift_factor=0.0, scaling_factor=1.0),
-                                     text_encoder=_t5(seed + 1, 32), tokenizer=t5_tokenizer(), transformer=model)
+                                     text_encoder=_t5(seed + 1, 32), tokenizer=t5_tokenizer(), transformer=model,
+                                     **(components or {}))
 
 
 def build_tinyst(seed: int = 0):
@@ -186,6 +188,21 @@ def build_tinymoe(seed: int = 0):
     """TinyMoEPipeline (examples/tinymoe): 2 blocks, 4 heads x 8, 4 packed experts of width 64; T5, AutoencoderKL."""
     return _example_pipeline("tinymoe", "TinyMoEPipeline", "TinyMoETransformer2DModel", seed, num_layers=2,
                              num_attention_heads=4, attention_head_dim=8, text_dim=32, num_experts=4, expert_dim=64)
+
+
+def build_tinyav(seed: int = 0):
+    """TinyAVPipeline (examples/tinyav): 2 fused video/audio blocks, 4 heads x 8; T5, per-frame VAE, a vocoder
+    (8 audio channels, 256 samples per latent frame at 16 kHz: 31 frames make 0.5 s)."""
+    from ditgate.core.examples import ensure_importable
+
+    ensure_importable("tinyav")
+    from tinyav import TinyAVVocoder
+
+    vocoder = _seeded(seed + 3, lambda: TinyAVVocoder(in_channels=8, hidden=16, channels=2, hop_length=256,
+                                                      sampling_rate=16000))
+    return _example_pipeline("tinyav", "TinyAVPipeline", "TinyAVTransformer3DModel", seed,
+                             {"vocoder": vocoder}, num_layers=2, num_attention_heads=4, attention_head_dim=8,
+                             text_dim=32, audio_channels=8)
 
 
 def build_stable_audio(seed: int = 0):

@@ -104,6 +104,11 @@ def main(args: argparse.Namespace) -> int:
 
     from ditgate.checklists import RunOptions, load, run_checklists, write_filled
     from ditgate.commands.model.options import model_from
+    from ditgate.run.report import junit
+
+    junit.check_writable(args.junit)  # before anything runs: the file is written at the end
+    if args.integration is not None and not args.integration.is_file():
+        raise DitgateError(f"--integration {args.integration}: no such file")
 
     checklists = [load(name) for name in _names(args.phase)]
     from ditgate.run.define.rows import parse_cache_config
@@ -115,8 +120,6 @@ def main(args: argparse.Namespace) -> int:
         filled = run_checklists(checklists, opts)
     paths = [write_filled(f) for f in filled]
     if args.junit:
-        from ditgate.run.report import junit
-
         junit.write(args.junit, f"ditgate checklist {args.phase}", junit.checklist_cases(filled))
     if args.json:
         print(json.dumps([f | {"file": str(p)} for f, p in zip(filled, paths)], indent=2, default=str))

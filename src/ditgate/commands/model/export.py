@@ -36,6 +36,10 @@ def main(args: argparse.Namespace) -> int:
         raise ExportError("--model MODEL is required")
     if not args.integration.is_file():
         raise ExportError(f"--integration {args.integration}: no such file")
+    if args.model_id is not None:
+        from ditgate.export.written import check_model_id
+
+        check_model_id(args.model_id)
     Tree.open(args.to).check_root_writable()
     model = model_from(args)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None

@@ -38,7 +38,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from ditgate.perf import acceptance
     from ditgate.perf import matrix as perf
+    from ditgate.run.report import junit
 
+    junit.check_writable(args.junit)  # before any row runs: the file is written at the end
     model = model_from(args)
     acceptance.check_options(args.tier, model.device, args.warmup, args.repeats, args.threads)
     chosen, profile, note = acceptance.plan_rows(model, args.tier, args.rows_file, args.rows)
@@ -56,8 +58,6 @@ def main(args: argparse.Namespace) -> int:
         threads=args.threads, timeout=args.timeout, resume=args.resume, integration=args.integration,
         twin=args.twin)
     if args.junit:
-        from ditgate.run.report import junit
-
         junit.write(args.junit, f"ditgate matrix {data.get('model', model.name)}",
                     junit.row_cases(data["rows"], f"ditgate.matrix.{data.get('model', model.name)}"))
     if args.json:

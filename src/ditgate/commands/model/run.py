@@ -70,8 +70,10 @@ def _reuse(fresh: bool) -> bool:
 def main(args: argparse.Namespace) -> int:
     from ditgate.run.report import run_report as report_mod
     from ditgate.run.define import rows as rows_mod
+    from ditgate.run.report import junit
     from ditgate.run.runner import RunConfig, run
 
+    junit.check_writable(args.junit)  # before any row runs: the file is written at the end
     if args.cache_dit is not None:
         from ditgate.core.paths import use_cache_dit
 
@@ -106,8 +108,6 @@ def main(args: argparse.Namespace) -> int:
                     diff=not args.no_diff, launch=args.launch, twin=args.twin, reuse=_reuse(args.fresh))
     report = run(cfg)
     if args.junit:
-        from ditgate.run.report import junit
-
         junit.write(args.junit, f"ditgate run {report['model']}",
                     junit.row_cases(report["rows"], f"ditgate.run.{report['model']}"), report.get("wall_s"))
     if args.json:

@@ -31,6 +31,10 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.scaffold.write import observe, plugin_source
 
     _check_writable(args.out)
+    if not args.no_run:  # the rows are checked before the model is inspected and the plugin written
+        from ditgate.run.define import rows
+
+        rows.require_some(rows.select(rows.DEFAULT_ROWS, args.rows), args.rows)
     start = time.perf_counter()
     model = model_from(args)
     print(f"scaffold: inspecting {model.name} on its call", file=sys.stderr, flush=True)

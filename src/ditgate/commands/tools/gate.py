@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
+import re
 import wave
 from pathlib import Path
 from typing import Any
 
-from ditgate.core.errors import GateInputError
+from ditgate.core.errors import DitgateError, GateInputError
 
 HELP = "check a candidate output against its baseline with a phase's gate (checklists/gates.json)"
 
@@ -45,6 +46,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--noise", metavar="FILE", help="initial noise latents (.npy/.pt), for disp_rel_error")
     parser.add_argument("--dtype", help="dtype the phase ran in (default: the run's, else float32)")
     parser.add_argument("--sample-rate", type=int, help="sample rate of audio given as arrays (a .wav has its own)")
+    parser.add_argument("--value-range", type=float, nargs=2, metavar=("LOW", "HIGH"),
+                        help="the range image or video arrays (.npy/.pt) hold, when not [0, 1] (floats) or their "
+                             "integer type's, e.g. 0 255 or -1 1")
     parser.add_argument("--floor", action="append", default=[], metavar="METRIC=VALUE",
                         help="threshold from the calibrated noise floor (needed for exact phases in bf16/fp16), e.g. "
                              "mel_psnr=23.5 (repeatable)")
@@ -82,10 +86,11 @@ def _read_tensor(path: Path, header_only: bool = False) -> Any:
         if path.suffix.lower() == ".npy":
             import numpy as np
 
-            return np.load(path, allow_pickle=False, mmap_mode="r" if header_only else None)
-        import torch
+            value = np.load(path, allow_pickle=False, mmap_mode="r" if header_only else None)
+        else:
+            import torch
 
-        value = torch.load(path, map_location="cpu", weights_only=True)
+            value = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise GateInputError(f"cannot read {path}: it holds Python objects besides tensors, and unpickling them could "
                              "run code; save plain tensors (torch.save(tensor) or numpy.save)") from None
@@ -94,6 +99,13 @@ def _read_tensor(path: Path, header_only: bool = False) -> Any:
         raise GateInputError(f"cannot read {path} as a tensor ({type(exc).__name__}: {first[:200]})") from None
     if not hasattr(value, "shape"):
         raise GateInputError(f"{path} holds a {type(value).__name__}, not a tensor")
+    kind = getattr(getattr(value, "dtype", None), "kind", "f")  # NumPy's; torch tensors hold numbers
+    if kind not in "biufc":
+        raise GateInputError(f"{path} holds {value.dtype} values (text or records), not numbers: nothing to compare")
+    if len(value.shape) == 0:
+        raise GateInputError(f"{path} holds a single number (a 0-d array), not an output")
+    if 0 in tuple(value.shape):
+        raise GateInputError(f"{path} holds an empty array (shape {tuple(value.shape)}): nothing to compare")
     return value
 
 
@@ -209,6 +221,49 @@ def _row_extras(base: Path, cand: Path) -> dict[str, Any]:
     return extras
 
 
+def _read_as(path: Path, kind: str) -> str:
+    """`kind`, and for an array why: its shape (a channels-first image reads as a latent)."""
+    if path.suffix.lower() not in TENSOR_SUFFIXES or _is_row(path):
+        return kind
+    shape = tuple(_read_tensor(path, header_only=True).shape)
+    why = f"{kind} (a {shape} array"
+    if len(shape) in (3, 4) and shape[-3] in (1, 3) and kind == "latent":
+        why += "; images and videos are read from (H, W, C) or (F, H, W, C) arrays with C 1 or 3, so a channels-first "
+        why += "one is read as a latent unless --modality says otherwise"
+    return why + ")"
+
+
+def _rescaled(x: Any, value_range: list[float], modality: str) -> Any:
+    """An image or video array holding values in `value_range`, mapped onto [0, 1]."""
+    import numpy as np
+
+    low, high = value_range
+    if modality not in ("image", "video") or not hasattr(x, "shape"):
+        raise GateInputError("--value-range applies to image and video arrays (.npy, .pt); image files, frame "
+                             "folders and videos carry their own range")
+    if not high > low:
+        raise GateInputError(f"--value-range {low:g} {high:g}: HIGH must be above LOW")
+    return ((np.asarray(x, dtype=np.float64) - low) / (high - low)).astype(np.float32)
+
+
+# what the library's messages name by keyword argument, said as this command's options
+_CLI_WORDS = ((re.compile(r"pass (the range the data really has, e\.g\. )?value_range=.*$"),
+               "pass --value-range LOW HIGH, the range the arrays hold (e.g. --value-range 0 255 for a float image "
+               "in [0, 255], or -1 1 for a raw decoder output)"),
+              (re.compile(r"pass layout=.*$"), "save the arrays channels last, (H, W, C) or (F, H, W, C) with C 1 or "
+               "3, or as image files"),
+              (re.compile(r"\(sample_rate=\.\.\.\)"), "(--sample-rate HZ; a .wav file carries its own)"),
+              (re.compile(r"\(noise=\.\.\.\)"), "(--noise FILE, or row folders of `ditgate run`)"),
+              (re.compile(r"^floor= "), "--floor "),
+              (re.compile(r"not latents="), "not --latents"))
+
+
+def _in_cli_words(message: str) -> str:
+    for pattern, words in _CLI_WORDS:
+        message = pattern.sub(words, message)
+    return message
+
+
 def _floor_missing(phase: str, modality: str, dtype: str, floor: dict | None, table: dict | None) -> str | None:
     """Why an exact phase in reduced precision cannot be gated here without its calibrated floor (None: it can)."""
     from ditgate.gates.calibration import reduced_precision
@@ -269,9 +324,12 @@ def main(args: argparse.Namespace) -> int:
     if modality is None:
         kinds = infer_modality(base), infer_modality(cand)
         if kinds[0] != kinds[1]:
-            raise GateInputError(f"BASE looks like {kinds[0]} and CAND like {kinds[1]}; pass --modality")
+            raise GateInputError(f"BASE is read as {_read_as(base, kinds[0])} and CAND as {_read_as(cand, kinds[1])}; "
+                                 "pass --modality to say what both are")
         modality = kinds[0]
     baseline, candidate, sample_rate = read_pair(base, cand, modality)
+    if args.value_range:
+        baseline, candidate = (_rescaled(x, args.value_range, modality) for x in (baseline, candidate))
     extras = _row_extras(base, cand)
     if args.latents:
         extras["latents"] = tuple(_read_tensor(Path(p)) for p in args.latents)
@@ -282,9 +340,12 @@ def main(args: argparse.Namespace) -> int:
     table = gates.load_gates(args.gates) if args.gates else None
     dtype = args.dtype or extras.get("dtype", "float32")
     floor = _parse_floor(args.floor)
-    verdict = gates.evaluate(args.phase, modality, baseline, candidate, latents=extras.get("latents"),
-                             noise=extras.get("noise"), dtype=dtype, sample_rate=args.sample_rate or sample_rate,
-                             floor=floor, gates=table)
+    try:
+        verdict = gates.evaluate(args.phase, modality, baseline, candidate, latents=extras.get("latents"),
+                                 noise=extras.get("noise"), dtype=dtype, sample_rate=args.sample_rate or sample_rate,
+                                 floor=floor, gates=table)
+    except DitgateError as exc:  # the library's words name its keyword arguments: say the options instead
+        raise type(exc)(_in_cli_words(str(exc))) from None
     missing = _floor_missing(args.phase, modality, dtype, floor, table)
     if missing:  # the gate it would apply is the loose default: a check that cannot run never passes
         verdict.passed = False

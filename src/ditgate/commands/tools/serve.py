@@ -23,14 +23,16 @@ import select
 import signal
 import socket
 import sys
+from stat import S_ISDIR, S_ISSOCK
 import time
 from pathlib import Path
 
 from ditgate.core.errors import DitgateError
 
-HELP = "keep a warm process (imports done) that run/diff/inspect/checklist use when it is running (--server auto)"
+HELP = "keep a warm process (imports done, pipelines loaded) that run/diff/inspect/checklist use when it is running (--server auto)"
 IMPORT_ENV = ("HF_", "TRANSFORMERS_", "DIFFUSERS_", "CACHE_DIT", "DITGATE_", "TORCH", "CUDA_", "OMP_", "MKL_",
               "PYTHON", "TOKENIZERS_", "USE_HUB_KERNELS")
+WARM_COMMANDS = ("run", "diff", "inspect", "checklist")  # the commands whose pipeline the server keeps loaded
 CHILD_ENV = "DITGATE_IN_SERVER"  # set in the forked command: it never forwards again
 # the environment this process started with: the CLI imports this module before it sets its verbosity variables
 # and before torch sets its own, so a server compares what it was started with to what a client was started with
@@ -62,7 +64,7 @@ def _private_folder(create: bool) -> Path | None:
         stat = where.lstat()
     except FileNotFoundError:
         return None
-    if where.is_symlink() or stat.st_uid != os.getuid() or stat.st_mode & 0o077:
+    if not S_ISDIR(stat.st_mode) or stat.st_uid != os.getuid() or stat.st_mode & 0o077:  # a link is no folder
         if create:
             raise DitgateError(f"{where} is not a private folder of this user (mode 0700): refusing to serve there")
         return None
@@ -78,7 +80,10 @@ def identity(environ: dict | None = None) -> dict:
 
 def _connect(timeout: float = 2.0) -> socket.socket | None:
     """A connection to a live server of this user, or None (no server, a stale socket, a folder not private)."""
-    if _private_folder(create=False) is None or not socket_path().exists():
+    try:
+        if _private_folder(create=False) is None or not S_ISSOCK(socket_path().lstat().st_mode):
+            return None  # no server, or a folder not the user's own, or a file there that is not a socket
+    except OSError:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout)
@@ -186,6 +191,7 @@ def _serve_one(conn: socket.socket, entry) -> bool:
             for fd in fds:
                 os.close(fd)
             return True
+        _keep_for(request)
         pid = os.fork()
         if pid == 0:
             _child(conn, request, fds, entry)
@@ -208,6 +214,63 @@ def _serve_one(conn: socket.socket, entry) -> bool:
                     pass
                 os.waitpid(pid, 0)
                 return True
+
+
+def _wants_cuda(device: str) -> bool:
+    """Whether `device` means a GPU, found without making a CUDA context in this process (NVML counts them)."""
+    if device != "auto":
+        return device.startswith("cuda")
+    import torch
+
+    saved = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    try:
+        return torch.cuda.is_available()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK")
+        else:
+            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = saved
+
+
+def _keep_for(request: dict) -> None:
+    """Load the pipeline the command will load, in host memory, before forking it: the forked command takes it
+    (ditgate.core.warm) and the next command on the same folder finds it loaded. Nothing here may touch a GPU (a
+    forked child cannot use a CUDA context its parent made): a command whose dtype needs the device to be known
+    (`--dtype auto --device auto`) loads its own. Anything that goes wrong is left to the command to report."""
+    import contextlib
+    import importlib
+    import io
+
+    from ditgate.core import loader, warm
+    from ditgate.core import request as request_mod
+
+    argv = request["argv"]
+    if not argv or argv[0] not in WARM_COMMANDS:
+        return
+    parser = argparse.ArgumentParser(add_help=False)
+    importlib.import_module(f"ditgate.commands.model.{argv[0]}").register(parser)
+    cwd = os.getcwd()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            args, _ = parser.parse_known_args(argv[1:])
+            dtype = request_mod.resolve_dtype(args.dtype, "cuda" if _wants_cuda(args.device) else "cpu")
+            if args.trust_remote_code or not args.model:
+                return
+            os.chdir(request["cwd"])
+            path = loader.resolve(args.model)
+            start = time.perf_counter()
+            dtype = loader.torch_dtype(dtype)
+            if not warm.has(path, dtype, args.pipeline):
+                warm.keep(path, dtype, args.pipeline, loader.load(path, dtype, "cpu", pipeline=args.pipeline,
+                                                                  warm=False))
+                name = str(dtype).removeprefix("torch.")
+                print(f"ditgate serve: keeping {path} loaded ({name}, {time.perf_counter() - start:.1f} s) for the "
+                      "commands that load it", file=sys.__stderr__, flush=True)
+    except (Exception, SystemExit):  # noqa: BLE001 - the command itself reports what is wrong
+        return
+    finally:
+        os.chdir(cwd)
 
 
 def warm_imports() -> None:

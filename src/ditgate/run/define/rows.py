@@ -123,11 +123,16 @@ CALIBRATION = Row("calibration", perturb="unit_roundoff",
                   description="the baseline again, every transformer and transformer-block output perturbed by one "
                               "rounding error of the run dtype: the noise floor of audio rows and of every row in "
                               "reduced precision")
-# Whether the gates can discriminate at all (ditgate.run.judge.discrimination): the runner adds it when a row is gated.
+# The power of the gates (ditgate.run.judge.discrimination): the runner adds FAULT_SIZE when a row is gated, its scale
+# from gates.json rules.sensitivity.fault_size, and SENSITIVITY when a gated row's gate is lossy or has a noise floor.
+FAULT_SIZE = Row("sensitivity-fault-size", perturb=0.004,
+                 description="the baseline with every transformer output multiplied by (1 + s z), s the size of the "
+                             "smallest planted fault (gates.json rules.sensitivity.fault_size): a gate that rejects it "
+                             "rejects a fault of realistic size")
 SENSITIVITY = Row("sensitivity", perturb=10.0,
                   description="the baseline with every transformer output multiplied by (1 + 10 z): far outside every "
                               "gate unless the output does not depend on the transformer")
-REFERENCE_ROWS = {r.name: r for r in (BASELINE, BASELINE_TILED, CALIBRATION, SENSITIVITY)}
+REFERENCE_ROWS = {r.name: r for r in (BASELINE, BASELINE_TILED, CALIBRATION, FAULT_SIZE, SENSITIVITY)}
 # The caching-off twin of a cache row is NAME + this (ditgate.run.judge.cache_off): a name the runner makes itself.
 CACHE_OFF_SUFFIX = "-cache-off"
 
@@ -162,6 +167,24 @@ PHASE_FEATURES = {
     "quantization": ("a quantization (quantize: {quant_type: ...})", lambda r: r.quantize is not None),
     "compile": ("torch.compile (compile: true or options)", lambda r: bool(r.compile)),
 }
+
+
+def configured(row: Row) -> tuple[str, str] | None:
+    """(what the row configures, the phase whose gate would judge it), or None for a row that configures no feature
+    (a plain reference: the baseline, the tiled baseline, a perturbed check row)."""
+    p = row.parallel or {}
+    if row.world_size > 1:
+        phase = "vaep" if p.get("vae") else "tep" if p.get("text_encoder") else \
+            "hybrid" if row.cp_size > 1 and row.tp_size > 1 else "cp" if row.cp_size > 1 else "tp"
+        return "parallelism (parallel: ...)", phase
+    for field_name, what, phase in (("cache", "a cache (cache: ...)", "cache"),
+                                    ("quantize", "a quantization (quantize: ...)", "quantization"),
+                                    ("compile", "torch.compile (compile: ...)", "compile")):
+        if getattr(row, field_name):
+            return what, phase
+    return None
+
+
 _BOOLEAN_PARALLEL = ("text_encoder", "vae")
 _SIZES = ("ulysses_size", "ring_size", "tp_size")
 MAX_RANKS = 4096  # a size beyond any machine is a typo, refused before it is multiplied into a world size
@@ -301,7 +324,25 @@ def load_rows(path: str | Path) -> list[Row]:
                            f"{seen[row.name]}; names must be unique")
         seen[row.name] = i + 1
         rows.append(row)
+    _refuse_ungated(rows, path)
     return rows
+
+
+def _refuse_ungated(rows: list[Row], path: Path) -> None:
+    """A user's row that configures a feature but names no phase would run and never be gated (shown as a
+    reference, exit 0): refused, unless it is an explicit reference (`baseline: null`) another row compares with."""
+    compared = {name for r in rows for name in (r.baseline, *(r.also_against or {}))}
+    for i, row in enumerate(rows):
+        feature = configured(row) if row.phase is None else None
+        at = f"{path}, row {i + 1}: row {row.name!r}"
+        if feature and row.baseline:
+            raise RowError(f"{at} configures {feature[0]} but names no phase, so it would run and never be gated; "
+                           f"add phase: {feature[1]} (the gate it must pass), or baseline: null to make it a "
+                           "reference row that another row compares with")
+        if feature and row.name not in compared:
+            raise RowError(f"{at} is a reference row that configures {feature[0]} but no row compares with it, so "
+                           f"nothing would be gated; give it phase: {feature[1]} and a baseline, or add the row that "
+                           "compares with it")
 
 
 def select(rows: list[Row] | tuple[Row, ...], names: str | list[str] | None) -> list[Row]:

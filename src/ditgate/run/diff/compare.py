@@ -5,8 +5,8 @@ Two passes. The summary pass records a summary of every module's output (ditgate
 in this process, and on the candidate row, on its ranks (a torchrun group of `python -m ditgate.run.diff.compare`), and
 compares them in the baseline's execution order. When a module diverges, the second pass runs both again and keeps
 the whole tensors of the modules around it, and the whole input of the first one: exact max-abs and PSNR for the
-table, and whether the module's input already differed (then the fault is in its parent's own code, between the
-children it calls: an attention processor, say). Writes diff.json, diff.md and diff.png (error against module
+table, and whether the module's input already differed (then the fault is in its caller's own code, between the
+children it calls: an attention processor, say; ditgate.run.diff.blame). Writes diff.json, diff.md and diff.png (error against module
 order) in the output folder.
 """
 
@@ -26,7 +26,8 @@ from typing import Any
 
 from ditgate.core.errors import DitgateError
 from ditgate.core.model import Model
-from ditgate.run.diff.divergence import Recorder, capture, compare_summaries, exact_metrics
+from ditgate.run.diff.blame import locate, module_of as _module_of
+from ditgate.run.diff.divergence import Recorder, capture, compare_summaries
 from ditgate.run.define.rows import Row
 from ditgate.run.diff.report import BEFORE, WINDOW, write
 
@@ -109,7 +110,8 @@ def _dump(path: Path, recorder: Recorder, device: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
     (path / "summaries.json").write_text(json.dumps({
         "summaries": recorder.summaries, "notes": recorder.notes, "segments": recorder.segments,
-        "crash": recorder.crash,
+        "crash": recorder.crash, "callers": recorder.callers, "processors": recorder.processors,
+        "entered": recorder.entered,
         "peak_memory": _peak(device),
         "full_bytes": sum(_nbytes(s) for s in recorder.summaries.values()),
         "summary_bytes": len(json.dumps(recorder.summaries))}))
@@ -178,10 +180,6 @@ def _candidate(job: dict[str, Any], rank: int, local_rank: int = 0) -> None:
         _dump(Path(job["result"]), recorder, job["model"]["device"])
 
 
-def _module_of(key: str) -> str:
-    return key.split(":")[0].split("[")[0].split("#")[0]
-
-
 def diff(cfg: DiffConfig) -> dict[str, Any]:
     """Both passes and the report files; returns the report (diff.json)."""
     start = time.perf_counter()
@@ -191,6 +189,13 @@ def diff(cfg: DiffConfig) -> dict[str, Any]:
     lines = compare_summaries(b["summaries"], c["summaries"], tol)
     for line in lines:
         line["gathered"] = c["notes"].get(line["module"], "")
+        module = _module_of(line["module"])
+        line["entered"] = b.get("entered", {}).get(module, line["index"])
+        caller = b.get("callers", {}).get(module)
+        if caller:
+            line["caller"] = caller
+            if caller in c.get("processors", {}):
+                line["processor"] = c["processors"][caller]
     first = next((i for i, line in enumerate(lines) if line["diverged"]), None)
     report: dict[str, Any] = {
         "row": cfg.row.name, "baseline": cfg.baseline.name, "dtype": cfg.model.dtype, "device": cfg.model.device,
@@ -199,6 +204,10 @@ def diff(cfg: DiffConfig) -> dict[str, Any]:
                    "summaries_bytes": b["summary_bytes"], "full_outputs_bytes": b["full_bytes"]},
         "first": None, "named": None, "reason": "no module left the tolerance", "lines": lines}
     report["crash"] = c.get("crash")
+    skipped = [x["module"] for x in lines if x.get("skipped") is not None]
+    if first is None and skipped:
+        report["reason"] += (f"; {len(skipped)} per-rank tensor(s) could not be made whole and were not compared "
+                             f"({', '.join(skipped[:3])}): the transformer's output, compared whole, matches")
     if first is not None and c.get("crash") and lines[first]["status"] == "not reached":
         crash = c["crash"]
         report.update(first=lines[first]["module"], named=crash["module"], reason=(
@@ -209,46 +218,6 @@ def diff(cfg: DiffConfig) -> dict[str, Any]:
     report["wall_s"] = round(time.perf_counter() - start, 2)
     write(cfg.out, report)
     return report
-
-
-def locate(lines: list[dict], first: int, tol: float, window: int, rerun) -> dict[str, Any]:
-    """The module to name, from the summary pass's `lines` and their `first` divergence. `rerun(full, inputs)` runs
-    the second pass and returns the whole tensors it kept, (baseline, candidate): those of the keys in `full`, and
-    the first input of the modules in `inputs`."""
-    line = lines[first]
-    if line["module"].split("[")[0] in _roots(lines) and line["status"].startswith("shape"):
-        split = [x for x in lines[:first] if x.get("gathered", "").startswith(("concatenated", "gathered"))]
-        named = _module_of(split[-1]["module"]) if split else line["module"]
-        return {"first": line["module"], "named": named, "reason": (
-            f"the transformer's output is still split across the ranks ({line['status']}): {named} is the last "
-            f"module whose output is split; gather it there (a _ContextParallelOutput in the CP plan)")}
-    keys = [x["module"] for x in lines[max(0, first - BEFORE): first + window + 1]]
-    module = _module_of(line["module"])
-    bt, ct = rerun(set(keys), {module})
-    for x in lines:
-        if x["module"] in keys and x["module"] in bt and x["module"] in ct and bt[x["module"]].shape == ct[
-                x["module"]].shape:
-            x.update(exact_metrics(bt[x["module"]], ct[x["module"]]), exact=True)
-            x["diverged"] = x["rel"] > tol
-    now = next((i for i, x in enumerate(lines) if x["diverged"]), first)
-    line, module = lines[now], _module_of(lines[now]["module"])
-    key_in = f"{module}:input"
-    named, reason = module, f"{line['module']} is the first output outside the tolerance"
-    if key_in in bt and key_in in ct and bt[key_in].shape == ct[key_in].shape:
-        err = exact_metrics(bt[key_in], ct[key_in])
-        if err["rel"] > tol and "." in module:
-            named = module.rsplit(".", 1)[0]
-            reason = (f"{line['module']} is the first output outside the tolerance, but its input already differs "
-                      f"(rel {err['rel']:.3g}): the fault is in {named}'s own forward, before it calls "
-                      f"{module.rsplit('.', 1)[1]} (its attention processor or functional code)")
-        else:
-            reason += f"; its input matches the baseline (rel {err['rel']:.3g}): the fault is inside {module}"
-    return {"first": line["module"], "named": named, "reason": reason}
-
-
-def _roots(lines: list[dict]) -> set[str]:
-    return {x["module"] for x in lines if "." not in x["module"] and ":" not in x["module"]
-            and x["module"].startswith("transformer")}
 
 
 def diagnose(runner) -> None:

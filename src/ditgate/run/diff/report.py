@@ -80,7 +80,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     lines = report["lines"]
     values = [x.get("rel") for x in lines]
     top = max([v for v in values if v is not None and math.isfinite(v)] + [1.0]) * 10
-    ys = [max(top if v is None or not math.isfinite(v) else v, 1e-12) for v in values]
+    ys = [math.nan if x.get("skipped") is not None else max(top if v is None or not math.isfinite(v) else v, 1e-12)
+          for x, v in zip(lines, values)]  # a per-rank tensor that was not compared leaves a gap
     fig, ax = plt.subplots(figsize=(10, 4))
     owners = [_block_of(x.get("module", "")) for x in lines]
     spans: list[tuple[tuple[str, str | None], int, int]] = []

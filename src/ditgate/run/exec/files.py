@@ -34,6 +34,11 @@ def _usual_mode(fd: int) -> None:
     os.fchmod(fd, 0o666 & ~umask)
 
 
+def _named(exc: OSError, path: Path) -> OSError:
+    """`exc` with the file it was writing: a full disk says which file could not be written."""
+    return exc if exc.filename else OSError(exc.errno, exc.strerror or str(exc), str(path))
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -42,6 +47,9 @@ def write_bytes(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise _named(exc, path) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -69,11 +77,22 @@ def write_array(path: Path, array: np.ndarray) -> None:
     try:
         _usual_mode(fd)
         with os.fdopen(fd, "wb") as handle:
-            np.save(handle, array)
+            np.save(_Writer(handle), array)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise _named(exc, path) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class _Writer:
+    """A file NumPy writes through Python's `write` (in chunks): a full disk then raises OSError(ENOSPC), where
+    NumPy's own C-level write of a real file says only "N requested and M written"."""
+
+    def __init__(self, handle):
+        self.write = handle.write
 
 
 def row_dir(run_dir: Path, name: str) -> Path:

@@ -62,8 +62,11 @@ class FolderLock:
         self.stale: str | None = None  # the holder a killed run left in the lock file, when there was one
 
     def acquire(self) -> "FolderLock":
+        if self.path.is_symlink():  # opening it would truncate whatever it points at
+            raise RunFolderError(f"{self.path} is a symbolic link (to {os.readlink(self.path)}); a run writes only "
+                                 "inside its folder: remove the link, or choose another --out")
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             raise RunFolderError(f"cannot write the run folder {self.run_dir}: {exc.strerror or exc}") from None
         try:
@@ -141,9 +144,21 @@ def _identity(cfg: Any) -> dict[str, Any]:
             "device": m.device, "integration": str(cfg.integration) if cfg.integration else None}
 
 
+def _refuse_links(run_dir: Path) -> None:
+    """A run writes only inside its folder: a symbolic link in it (a row folder linked elsewhere, a linked
+    result.json) would have --resume write, or remove, whatever it points at."""
+    for folder, dirs, names in os.walk(run_dir):
+        for name in sorted(dirs + names):
+            path = Path(folder, name)
+            if path.is_symlink():
+                raise RunFolderError(f"cannot resume {run_dir}: {path} is a symbolic link (to {os.readlink(path)}); "
+                                     "a run writes only inside its folder: remove the link, or choose another --out")
+
+
 def check_resumable(run_dir: Path, cfg: Any) -> None:
     """Raise RunFolderError unless the run in `run_dir` has the model, request, dtype, device and integration of
     `cfg` (rows are checked one by one, by fingerprint, when they are resumed)."""
+    _refuse_links(run_dir)
     previous = read_run_json(run_dir)
     changed = [k for k, v in _identity(cfg).items() if previous.get(k) != v]
     if changed:

@@ -46,13 +46,11 @@ class Probes:
     block_shapes: dict[str, list[list[int]]] = field(default_factory=dict)  # shapes block 0 of each list returned
     transformer_calls: int = 0
     calls_by_transformer: dict[str, int] = field(default_factory=dict)  # component name -> calls
+    steps_by_transformer: dict[str, list[int]] = field(default_factory=dict)  # component -> the steps it served
     decoder_calls: int = 0
     noise: torch.Tensor | None = None
     latents: torch.Tensor | None = None  # from the step callback; see final_latents() for every pipeline
     first_output: torch.Tensor | None = None  # what the first transformer call returned (its first tensor)
-    watch_change: bool = False  # measure each transformer output's change from step to step (the baseline's)
-    _recent: dict = field(default_factory=dict)  # transformer -> its last two outputs (watch_change)
-    _changes: dict = field(default_factory=dict)  # transformer -> {lag: [||o_k - o_k-lag|| / ||o_k-lag||, ...]}
     _steps: SchedulerSteps | None = None
     _handles: list = field(default_factory=list)
     _spans: list = field(default_factory=list)  # (start, end) of each transformer call: perf_counter or CUDA events
@@ -64,11 +62,10 @@ class Probes:
         self.block_seq_len.clear()
         self.block_shapes.clear()
         self.calls_by_transformer = {k: 0 for k in self.calls_by_transformer}
+        self.steps_by_transformer = {k: [] for k in self.steps_by_transformer}
         self.transformer_calls = self.decoder_calls = 0
         self.noise = self.latents = self.first_output = None
         self._spans.clear()
-        self._recent.clear()
-        self._changes.clear()
         if self._steps is not None:
             self._steps.reset()
 
@@ -76,11 +73,10 @@ class Probes:
         eager = torch.compiler.disable if compiled else (lambda hook: hook)
         for tname, transformer in transformers_of(pipe).items():
             self.calls_by_transformer[tname] = 0
+            self.steps_by_transformer[tname] = []
             self._handles.append(transformer.register_forward_pre_hook(eager(self._on_transformer), with_kwargs=True))
             self._handles.append(transformer.register_forward_pre_hook(eager(self._count_calls(tname))))
             self._handles.append(transformer.register_forward_hook(eager(self._after_transformer)))
-            if self.watch_change:
-                self._handles.append(transformer.register_forward_hook(eager(self._step_change(tname))))
             for lname, blocks in block_lists(transformer).items():
                 key = f"{tname}.{lname}"
                 self.last_block_calls[key] = 0
@@ -116,39 +112,12 @@ class Probes:
         if self._spans and self._spans[-1][1] is None:
             self._spans[-1][1] = _now(self._spans[-1][0])
 
-    def _step_change(self, name):
-        # the relative change of this transformer's output from one call to the call `lag` calls before (lag 2: a
-        # pipeline calling it twice per step, once per guidance branch); kept as 0-d tensors, read in facts()
-        def hook(module, args, output):
-            out = tensor_of(output, "sample")
-            if out is None:
-                return
-            out = out.detach().float()
-            recent = self._recent.setdefault(name, [])
-            for lag, before in enumerate(reversed(recent), start=1):
-                if before.shape == out.shape:
-                    change = (out - before).norm() / before.norm().clamp_min(1e-12)
-                    self._changes.setdefault(name, {}).setdefault(lag, []).append(change)
-            recent.append(out.clone())
-            del recent[:-2]
-        return hook
-
-    def step_change(self, steps: int | None) -> dict[str, Any]:
-        """Per transformer: how much its output changes from one denoising step to the next, relative to its
-        size (the changes of consecutive calls of one guidance branch): {"median", "max", "values"}."""
-        found = {}
-        for name, by_lag in self._changes.items():
-            per_step = round(self.calls_by_transformer.get(name, 0) / steps) if steps else 1
-            values = [float(v) for v in by_lag.get(max(per_step, 1), [])]
-            if values:
-                ordered = sorted(values)
-                found[name] = {"median": ordered[len(ordered) // 2], "max": ordered[-1],
-                               "values": [round(v, 4) for v in values]}
-        return found
-
     def _count_calls(self, name):
         def hook(module, args):
             self.calls_by_transformer[name] += 1
+            step = self._steps.calls if self._steps is not None and self._steps.available else None
+            if step is not None and step not in self.steps_by_transformer[name][-1:]:
+                self.steps_by_transformer[name].append(step)  # the scheduler steps made before this call
         return hook
 
     def _counter(self, key):
@@ -237,12 +206,12 @@ class Probes:
             "block_shapes": {k: [list(s) for s in v] for k, v in self.block_shapes.items()},
             "transformer_calls": self.transformer_calls,
             "calls_by_transformer": dict(self.calls_by_transformer),
+            "steps_by_transformer": {k: list(v) for k, v in self.steps_by_transformer.items()},
             "calls_per_step": (self.transformer_calls / steps) if steps else None,
             "decoder_calls": self.decoder_calls,
             "transformer_time_s": self.transformer_time(),
             "latents_from": self.final_latents()[1],
             "scheduler_steps": self._steps.calls if self._steps is not None else None,
-            **({"step_change": self.step_change(steps)} if self.watch_change else {}),
         }
 
 

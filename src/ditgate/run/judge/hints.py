@@ -22,6 +22,13 @@ _COMPONENT_WORDS = {  # words in an error that name the component it came from, 
 }
 
 
+# A group stopped for making no progress: no plan produced wrong numbers, a rank waits where the others are not.
+HANG_HINT = ("a rank hung (no progress for --timeout seconds): every rank must reach the same collectives in the same "
+             "order; at the stage each rank stopped (named above), look for a branch only some ranks take (rank == 0, "
+             "a data-dependent shape or early exit), a rank that is still loading, or raise --timeout for a model "
+             "this slow")
+
+
 # cache-dit's own refusal of a configuration larger than the model (cache_dit/caching/cache_blocks/pattern_base.py):
 # the adapter is not at fault, the preset is.
 TOO_FEW_BLOCKS = "must be less than the number of transformer blocks"
@@ -32,11 +39,14 @@ TOO_FEW_BLOCKS_HINT = ("the cache configuration computes more front/back blocks 
 
 def hint_for(phase: str | None, message: str, error: dict | None = None) -> str:
     """The hint that applies to this failure, or "": none for a row refused before it ran or a rank that died
-    outside Python (a signal: the memory killer or a native crash, where no plan is at fault), and for TE-P / VAE-P
+    outside Python (a signal: the memory killer or a native crash, where no plan is at fault); for a group that hung
+    the hang's (no plan produced wrong numbers: HANG_HINT); for TE-P / VAE-P
     rows the hint of the component the error names (a transformer without a TP planner is told about TP)."""
     error = error or {}
     if not phase or error.get("preflight") or " was killed by SIG" in message:
         return ""
+    if error.get("timed_out") or message.startswith("no progress for the timeout"):
+        return HANG_HINT
     if TOO_FEW_BLOCKS in message:
         return TOO_FEW_BLOCKS_HINT
     if phase in ("tep", "vaep"):

@@ -6,6 +6,7 @@ step was cached. Each check compares the row's facts with those of the row it is
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -17,13 +18,83 @@ class Proof:
     feature: str
     passed: bool
     detail: str
+    coverage: dict[str, str] | None = None  # transformer -> "acted" | "did not act" | "not covered" (declared)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        found = asdict(self)
+        if not self.coverage:
+            found.pop("coverage")
+        return found
+
+
+def partial(coverage: dict[str, str] | None) -> bool:
+    """The feature acted on one transformer and not on another the pipeline called (undeclared)."""
+    states = set((coverage or {}).values())
+    return "acted" in states and "did not act" in states
+
+
+def acted_word(proof: dict[str, Any]) -> str:
+    """How report.md names what a stored proof saw: acted, acted on part (a transformer left out), did not act."""
+    if proof["passed"]:
+        return "acted"
+    return "ACTED ON PART (a transformer left out)" if partial(proof.get("coverage")) else "DID NOT ACT"
 
 
 def _owner(key: str) -> str:
     return key.split(".", 1)[0]
+
+
+def _steps(steps: list[int]) -> str:
+    """[0, 1, 2, 5, 6] -> "steps 0-2, 5-6"."""
+    runs: list[list[int]] = []
+    for step in sorted(set(steps)):
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return "step" + "s" * (len(steps) > 1) + " " + ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
+def served(name: str, facts: dict[str, Any]) -> str:
+    """A transformer and the calls it serves: "transformer_2 (22 calls, steps 5-15)"."""
+    calls = (facts.get("calls_by_transformer") or {}).get(name)
+    steps = (facts.get("steps_by_transformer") or {}).get(name)
+    said = [f"{calls} call{'s' * (calls != 1)}"] if calls is not None else []
+    return f"{name} ({', '.join(said + ([_steps(steps)] if steps else []))})" if said else name
+
+
+def coverage(feature: str, acted: dict[str, bool], facts: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
+    """Whether `feature` covered every transformer the pipeline called: (the reason it did not, or None;
+    {transformer: "acted" | "did not act" | "not covered"}). A transformer the integration declares in NOT_COVERED
+    is "not covered" when the feature left it alone, and a reason when the feature acted on it after all."""
+    declared = set(((facts.get("not_covered") or {}).get(feature)) or [])
+    states = {t: "acted" if did else ("not covered" if t in declared else "did not act") for t, did in acted.items()}
+    unknown = sorted(declared - set(acted))
+    if unknown:
+        return (f"NOT_COVERED names {', '.join(unknown)} for {feature}, which the pipeline did not call "
+                f"(it called {', '.join(acted) or 'no transformer'})"), states
+    wrong = [t for t in acted if t in declared and acted[t]]
+    if wrong:
+        return (f"{', '.join(served(t, facts) for t in wrong)}: declared in NOT_COVERED for {feature}, yet {feature}"
+                " acted on it: take it out of the declaration"), states
+    left = [t for t, state in states.items() if state == "did not act"]
+    done = [t for t, state in states.items() if state == "acted"]
+    if left and done:
+        return (f"{feature} acted on {', '.join(served(t, facts) for t in done)} and not on "
+                f"{', '.join(served(t, facts) for t in left)}: every transformer the pipeline calls must be covered "
+                f"(or declared in the integration: NOT_COVERED = {{\"{feature}\": {json.dumps(left)}}})"
+                ), states
+    return None, states
+
+
+def _each(acted: dict[str, bool], facts: dict[str, Any], what: str) -> str:
+    done = [t for t, did in acted.items() if did]
+    return f"; {', '.join(served(t, facts) for t in done)}: each {what}" if len(acted) > 1 else ""
+
+
+def _not_covered(states: dict[str, str]) -> str:
+    left = [t for t, state in states.items() if state == "not covered"]
+    return f"; not covered (declared in NOT_COVERED): {', '.join(left)}" if left else ""
 
 
 def _cache(facts: dict[str, Any]) -> Proof:
@@ -44,12 +115,14 @@ def _cache(facts: dict[str, Any]) -> Proof:
     if not skipped:
         return Proof("cache", False, f"summary reports cached steps {cached}, but every block of every block list"
                      f" ran on all {transformer_calls} transformer calls: no block was skipped")
-    uncached = [t for t, n in by_transformer.items() if n and not any(_owner(k) == t for k in skipped)]
-    if uncached:
-        return Proof("cache", False, f"{', '.join(uncached)}: every block of every block list ran on all of its "
-                     f"{', '.join(str(by_transformer[t]) for t in uncached)} calls: that transformer is not cached")
+    acted = {t: any(_owner(k) == t for k in skipped) for t, n in by_transformer.items() if n}
+    problem, states = coverage("cache", acted, facts)
+    if problem:
+        return Proof("cache", False, problem, states)
+    lists = ", ".join(f"{k.split('.', 1)[-1] if len(by_transformer) <= 1 else k} {n} of {own(k)}"
+                      for k, n in skipped.items())
     return Proof("cache", True, f"cached steps {cached}; block calls skipped (the most-skipped block of each list): "
-                 + ", ".join(f"{k.split('.', 1)[-1]} {n} of {own(k)}" for k, n in skipped.items()))
+                 f"{lists}" + _each(acted, facts, "cached") + _not_covered(states), states)
 
 
 def split_dim(key: str, declared: dict[str, Any] | None) -> tuple[int | None, bool]:
@@ -85,32 +158,76 @@ def _cp(row: Row, facts: dict[str, Any], base: dict[str, Any], base_row: Row) ->
     keys = [k for k in ref if k in got and ref[k]]
     if not keys:
         return Proof("cp", False, "no block output was observed, so the sequence split cannot be checked")
-    bad, good = [], []
+    several = len({_owner(k) for k in keys}) > 1
+    lists: dict[str, list[tuple[str, str]]] = {}  # transformer -> (state, text) of each of its lists
     for key in keys:
-        name = key.split(".", 1)[-1] if _owner(key) == "transformer" else key
-        dim, declared = split_dim(key, facts.get("cp_split_dims"))
-        said = " (CP_SPLIT_DIMS)" if declared else ""
-        mine, theirs = [s for s in got[key] if len(s) >= 3], [s for s in ref[key] if len(s) >= 3]
-        if dim is None:
-            if mine == theirs:
-                good.append(f"{name}: whole on every rank, as declared")
-            else:
-                bad.append(f"{name}: declared whole (None), but it returned {mine} per rank, {theirs} on one device")
-            continue
-        if not theirs or any(len(s) <= dim for s in theirs) or len(mine) != len(theirs):
-            bad.append(f"{name}: returned {theirs} on one device and {mine} per rank, which has no dimension "
-                       f"{dim}{said} to compare")
-            continue
-        full, local = sum(s[dim] for s in theirs), sum(s[dim] for s in mine)
-        expected = full * base_row.cp_size / row.cp_size
-        unit = "tokens" if dim == 1 else f"on dimension {dim}"
-        if local != expected:
-            bad.append(f"{name}: {local} {unit} per rank{said}, expected {expected:g} ({full} / {row.cp_size})")
-        else:
-            good.append(f"{name}: {full} {unit} split into {local} per rank{said}")
+        name = key.split(".", 1)[-1] if _owner(key) == "transformer" and not several else key
+        lists.setdefault(_owner(key), []).append(_cp_list(name, key, row, facts, got[key], ref[key], base_row))
+    acted = {t: not all(state == "whole" for state, _ in found) for t, found in lists.items()}
+    problem, states = coverage("cp", acted, facts)
+    bad = [text for t, found in lists.items() for state, text in found
+           if state == "bad" or (state == "whole" and states[t] != "not covered")]
+    if problem:
+        return Proof("cp", False, problem + (": " + "; ".join(bad) if bad else ""), states)
     if bad:
-        return Proof("cp", False, "a block list was not divided by the CP size: " + "; ".join(bad))
-    return Proof("cp", True, "; ".join(good) + f" ({row.cp_size} ranks)")
+        return Proof("cp", False, "a block list was not divided by the CP size: " + "; ".join(bad), states)
+    good = [text for t, found in lists.items() if states[t] == "acted" for _, text in found]
+    return Proof("cp", True, "; ".join(good) + f" ({row.cp_size} ranks)" + _each(acted, facts, "split")
+                 + _not_covered(states), states)
+
+
+def _cp_list(name: str, key: str, row: Row, facts: dict[str, Any], got: list, ref: list,
+             base_row: Row) -> tuple[str, str]:
+    """One block list under CP: ("split" | "whole" (as on one device, not declared so) | "bad", what was seen)."""
+    dim, declared = split_dim(key, facts.get("cp_split_dims"))
+    said = " (CP_SPLIT_DIMS)" if declared else ""
+    if isinstance(dim, (tuple, list)):
+        return _cp_streams(name, tuple(dim), row, got, ref, base_row)
+    mine, theirs = [s for s in got if len(s) >= 3], [s for s in ref if len(s) >= 3]
+    if dim is None:
+        if mine == theirs:
+            return "split", f"{name}: whole on every rank, as declared"
+        return "bad", f"{name}: declared whole (None), but it returned {mine} per rank, {theirs} on one device"
+    if not theirs or any(len(s) <= dim for s in theirs) or len(mine) != len(theirs):
+        return "bad", (f"{name}: returned {theirs} on one device and {mine} per rank, which has no dimension "
+                       f"{dim}{said} to compare")
+    full, local = sum(s[dim] for s in theirs), sum(s[dim] for s in mine)
+    expected = full * base_row.cp_size / row.cp_size
+    unit = "tokens" if dim == 1 else f"on dimension {dim}"
+    if local == expected:
+        return "split", f"{name}: {full} {unit} split into {local} per rank{said}"
+    text = f"{name}: {local} {unit} per rank{said}, expected {expected:g} ({full} / {row.cp_size})"
+    return ("whole" if mine == theirs else "bad"), text
+
+
+def _cp_streams(name: str, dims: tuple, row: Row, got: list, ref: list, base_row: Row) -> tuple[str, str]:
+    """A block list declared per stream (`(1, None)`): tensor i of what block 0 returned is divided by the CP size on
+    dims[i], or, for None, is the same on every rank as on one device."""
+    if len(got) != len(dims) or len(ref) != len(dims):
+        return "bad", (f"{name}: CP_SPLIT_DIMS declares {len(dims)} streams {_dims_text(dims)}, but its blocks "
+                       f"returned {len(ref)} tensor(s) on one device ({ref}) and {len(got)} per rank ({got})")
+    split, whole, bad = [], [], []
+    for i, (dim, mine, theirs) in enumerate(zip(dims, got, ref)):
+        if dim is None:
+            (whole if mine == theirs else bad).append(
+                f"stream {i}: {theirs} whole on every rank, as declared" if mine == theirs else
+                f"stream {i}: declared whole (None), but {mine} per rank against {theirs} on one device")
+            continue
+        expected = theirs[dim] * base_row.cp_size / row.cp_size if dim < len(theirs) else None
+        if expected is None or dim >= len(mine) or mine[dim] != expected or \
+                [n for d, n in enumerate(mine) if d != dim] != [n for d, n in enumerate(theirs) if d != dim]:
+            bad.append(f"stream {i}: {mine} per rank, expected dimension {dim} of {theirs} divided by {row.cp_size}"
+                       + (f" ({expected:g})" if expected is not None else ""))
+        else:
+            split.append(f"stream {i}: {theirs[dim]} on dimension {dim} split into {mine[dim]} per rank")
+    if bad:
+        state = "whole" if not split and got == ref else "bad"
+        return state, f"{name} (CP_SPLIT_DIMS {_dims_text(dims)}): " + "; ".join(bad + split + whole)
+    return "split", f"{name} (CP_SPLIT_DIMS {_dims_text(dims)}): " + "; ".join(split + whole)
+
+
+def _dims_text(dims: tuple) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in dims) + ")"
 
 
 def _cp_tokens(row: Row, facts: dict[str, Any], base: dict[str, Any], base_row: Row) -> Proof:
@@ -134,14 +251,18 @@ def _sharded(feature: str, facts: dict[str, Any], components: list[str], every: 
     wrong = [w for v in found.values() for w in v["wrong_size"]]
     if total == 0:
         return Proof(feature, False, f"no weight of {', '.join(components) or 'the component'} is a sharded DTensor")
-    unsharded = [name for name, v in found.items() if not v["sharded"]]
-    if every and unsharded:
-        return Proof(feature, False, f"{', '.join(unsharded)}: no weight is a sharded DTensor, while "
-                     + ", ".join(f"{n} has {v['sharded']}" for n, v in found.items() if v["sharded"]))
+    states = None
+    if every:
+        called = facts.get("calls_by_transformer")
+        acted = {n: bool(v["sharded"]) for n, v in found.items() if called is None or called.get(n)}
+        problem, states = coverage(feature, acted, facts)
+        if problem:
+            return Proof(feature, False, problem + "; " + ", ".join(
+                f"{n}: {v['sharded']} weights sharded" for n, v in found.items() if n in acted), states)
     if wrong:
-        return Proof(feature, False, f"shards of the wrong size: {', '.join(wrong[:5])}")
+        return Proof(feature, False, f"shards of the wrong size: {', '.join(wrong[:5])}", states)
     return Proof(feature, True, ", ".join(f"{name}: {v['sharded']} weights sharded" for name, v in found.items()
-                                          if v["sharded"]))
+                                          if v["sharded"]) + _not_covered(states or {}), states)
 
 
 def _vae(facts: dict[str, Any], base: dict[str, Any]) -> Proof:

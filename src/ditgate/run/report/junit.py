@@ -10,13 +10,16 @@ skipped ("to check by hand"). Written whole or not at all.
 
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from ditgate.core.errors import DitgateError
 from ditgate.run.exec.files import write_bytes
 
 STATUSES = ("passed", "failed", "error", "skipped")
@@ -99,3 +102,24 @@ def write(path: str | Path, suite: str, cases: list[Case], seconds: float | None
     path = Path(path)
     write_bytes(path, ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n")
     return path
+
+
+def check_writable(path: str | Path | None) -> None:
+    """Refuse, before anything runs, a --junit FILE that cannot be written at the end: a folder, a file whose folder
+    does not exist (it is not created: a refused command leaves nothing behind), or a folder this process cannot
+    write in (tried: a temporary file made and removed)."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise DitgateError(f"--junit {path}: is a folder; give a file name")
+    folder = path.parent
+    if not folder.is_dir():
+        raise DitgateError(f"--junit {path}: {folder} " + ("is not a folder" if folder.exists() else
+                                                          "does not exist; create it first"))
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    except OSError as exc:
+        raise DitgateError(f"--junit {path}: cannot write in {folder} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)

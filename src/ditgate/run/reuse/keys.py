@@ -3,6 +3,8 @@
 - the model folder: every file's name, size and modification time, and the content of its small text files
   (configs, tokenizer files, code), so a touched weight file or an edited config changes the key without hashing
   gigabytes of weights;
+- the code a load runs from outside the folder and the libraries: the packages the model index names (an
+  examples/ package such as zoo:tinymm's) and a --pipeline module, by content;
 - the model as the run opened it: path, pipeline class, request (prompt, size, steps, seed, call), dtype, device;
 - the device kind (a GPU's name and compute capability; a CPU's thread count, which orders its sums);
 - the library versions recorded in the run folder's run.json (torch, diffusers, transformers, cache-dit and the
@@ -21,29 +23,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-TEXT_SUFFIXES = {".json", ".yaml", ".yml", ".txt", ".py", ".model", ".jinja", ".md"}  # hashed by content
-TEXT_LIMIT = 4 << 20  # a "text" file larger than this is fingerprinted by size and time, like a weight file
-
+from ditgate.core.warm import folder_fingerprint
 
 def reusable(row) -> bool:
     """Whether `row` is a reference row the store may hold: no gate of its own, no feature applied (the baseline,
     baseline-tiled, calibration, sensitivity and their prompt/seed copies)."""
     return row.phase is None and not (row.cache or row.parallel or row.quantize or row.compile)
-
-
-def folder_fingerprint(folder: Path) -> str:
-    """Names, sizes and modification times of every file under `folder`; the content of its small text files."""
-    digest = hashlib.sha256()
-    folder = Path(folder)
-    if not folder.is_dir():
-        digest.update(str(folder).encode())
-        return digest.hexdigest()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-        if path.suffix in TEXT_SUFFIXES and stat.st_size <= TEXT_LIMIT:
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 @functools.lru_cache(maxsize=1)
@@ -55,6 +40,41 @@ def ditgate_code() -> str:
     digest = hashlib.sha256(__version__.encode())
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+LIBRARIES = {"diffusers", "transformers", "torch"}  # their versions are in the key already
+
+
+def model_code(model) -> str:
+    """The source of the code a load runs from outside the model folder and the libraries: the packages its
+    model_index.json (or modular_model_index.json) names, such as examples/ packages, and a --pipeline module."""
+    import importlib.util
+
+    from ditgate.core.examples import ensure_importable
+
+    names = {str(model.pipeline).split(":")[0].split(".")[0]} if model.pipeline and ":" in model.pipeline else set()
+    for index in ("model_index.json", "modular_model_index.json"):
+        try:
+            data = json.loads((Path(model.path) / index).read_text())
+        except (OSError, ValueError):
+            continue
+        entries = [data.get("_class_name")] + list(data.values()) if isinstance(data, dict) else []
+        names |= {str(v[0]).split(".")[0] for v in entries
+                  if isinstance(v, (list, tuple)) and len(v) >= 2 and isinstance(v[0], str) and v[0]}
+    digest = hashlib.sha256()
+    for name in sorted(names - LIBRARIES):
+        try:
+            spec = importlib.util.find_spec(name) if ensure_importable(name) else None
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.origin:
+            continue
+        origin = Path(spec.origin)
+        files = sorted(origin.parent.rglob("*.py")) if spec.submodule_search_locations else [origin]
+        for path in files:
+            if "__pycache__" not in path.parts and path.is_file():
+                digest.update(f"{name}/{path.relative_to(origin.parent)}\0".encode() + path.read_bytes())
     return digest.hexdigest()
 
 
@@ -78,7 +98,7 @@ def parts(model, row, versions: dict[str, Any], gates: Path | None, split_dims: 
     """The key's parts, by name (what `row_key` hashes; a test changes one at a time)."""
     identity = model.to_dict()
     identity.pop("name", None)  # what the model is called does not change its output
-    return {"model_files": folder_fingerprint(model.path), "model": identity, "device_kind": device_kind(model.device),
+    return {"model_files": folder_fingerprint(model.path), "model_code": model_code(model), "model": identity, "device_kind": device_kind(model.device),
             "versions": versions, "ditgate": ditgate_code(), "gates": gate_table(gates),
             "row": row.fingerprint(), "cp_split_dims": split_dims}
 

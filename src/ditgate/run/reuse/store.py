@@ -6,10 +6,11 @@ later runs to reuse.
     STORE/entries/KEY/entry.json      written last: every file's SHA-256 and size, the run it came from
 
 An entry is built in a temporary folder and renamed into place, so a crash leaves no half-written entry. Reading
-one checks every file against entry.json; an entry that does not match (a file changed, cut short or missing) is
-removed and its row computed again. The store is bounded: after each write, the least recently used entries
-(entry.json's modification time, renewed on every reuse) go until the store fits `$DITGATE_STORE_MAX_BYTES`
-(default 4 GiB; 0 keeps nothing).
+one checks every file against entry.json; an entry that does not match (a file changed, cut short, missing or
+added, a link where a file was, a result that is not a finished row) is removed and its row computed again. A
+store that cannot be written costs the next run time, never this run its result. The store is bounded: after each
+write, the least recently used entries (entry.json's modification time, renewed on every reuse) go until the store
+fits `$DITGATE_STORE_MAX_BYTES` (default 4 GiB; 0 keeps nothing).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class Store:
             meta = json.loads((folder / ENTRY).read_text())
             listed = meta["files"]
             present = {p.name for p in folder.iterdir() if p.name != ENTRY}
-            ok = present == set(listed) and files.RESULT in listed and all(
+            plain = not any(p.is_symlink() or not p.is_file() for p in folder.iterdir())  # a link is never trusted
+            ok = plain and present == set(listed) and files.RESULT in listed and all(
                 (folder / name).stat().st_size == info["bytes"] and _sha256(folder / name) == info["sha256"]
                 for name, info in listed.items())
         except (OSError, ValueError, KeyError, TypeError):
@@ -85,8 +87,14 @@ class Store:
         if meta is None:
             return None
         folder = self._entry(key)
-        result = json.loads((folder / files.RESULT).read_text())
-        if result.get("name") != name or result.get("status") != "ok":
+        try:
+            result = json.loads((folder / files.RESULT).read_text())
+        except (OSError, ValueError):
+            result = None
+        if not isinstance(result, dict) or result.get("status") != "ok":  # never stored so: not to be trusted
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        if result.get("name") != name:
             return None
         target = files.row_dir(run_dir, name)
         if target.exists():
@@ -106,11 +114,15 @@ class Store:
         result = files.load_result(run_dir, name)
         if self.limit <= 0 or not result or result.get("status") != "ok" or result.get("reused_from"):
             return
-        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=self.root / "tmp"))
+        try:
+            (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=self.root / "tmp"))
+        except OSError:
+            return  # a store that cannot be written (a file, read-only, full) costs the next run time, nothing else
         try:
             listed = {}
-            for path in sorted(p for p in source.iterdir() if p.is_file() and not p.name.startswith(".")):
+            for path in sorted(p for p in source.iterdir()
+                               if p.is_file() and not p.is_symlink() and not p.name.startswith(".")):
                 shutil.copy2(path, staging / path.name)
                 listed[path.name] = {"bytes": (staging / path.name).stat().st_size,
                                      "sha256": _sha256(staging / path.name)}

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from ditgate.skill.base import INSTALLED_PARTS, REFERENCES, SKILL_FILE, Problem, Skill
+from ditgate.skill.base import INSTALLED_PARTS, REFERENCES, SKILL_FILE, Problem, Skill, stray_links
 from ditgate.skill.rules.commandlines import RUNNABLE, SHELL_FENCES, command_words, logical_lines
 from ditgate.skill.markdown import Document, parse
 from ditgate.skill.rules.phases import PHASES
@@ -199,6 +199,14 @@ def check_unreachable(skill: Skill) -> Iterator[Problem]:
     for ref in skill.references:
         if ref.rel not in reached:
             yield Problem(ref.rel, 1, "no route and no \"read X when Y\" line in SKILL.md reaches this reference")
+
+
+def check_file_links(skill: Skill) -> Iterator[Problem]:
+    """Files of the installed parts that are links out of the skill or broken links: `skill install` refuses them
+    (a copy would install what they point at)."""
+    for rel, why in stray_links(skill.root):
+        yield Problem(rel, 1, f"{rel} is {why}; an installed copy cannot keep it: put the file itself there, or "
+                              "remove it")
 
 
 def check_phase_files(skill: Skill) -> Iterator[Problem]:

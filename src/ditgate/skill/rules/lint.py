@@ -16,8 +16,8 @@ from ditgate.core.errors import DitgateError
 from ditgate.skill.rules.apis import check_apis
 from ditgate.skill.base import Problem, Skill, load_skill
 from ditgate.skill.rules.commandlines import check_commands
-from ditgate.skill.rules.links import (check_anchors, check_links, check_nesting, check_phase_files, check_portable,
-                                 check_routes, check_unreachable)
+from ditgate.skill.rules.links import (check_anchors, check_file_links, check_links, check_nesting, check_phase_files,
+                                       check_portable, check_routes, check_unreachable)
 from ditgate.skill.rules.reading import READING_BUDGET, Route, check_reading, reading_paths
 from ditgate.skill.spec import check_budget, check_frontmatter
 from ditgate.skill.rules.thresholds import check_thresholds
@@ -49,6 +49,8 @@ RULES: tuple[Rule, ...] = (
     Rule("anchor", "link anchors match a heading (GitHub slug) of the target", check_anchors),
     Rule("portable", "relative links stay inside what an installation holds; runnable fences name the skill's files"
          " as $SKILL_DIR/...", check_portable),
+    Rule("file-link", "no file of the skill is a link out of it or a broken link (an installed copy cannot keep "
+         "one)", check_file_links),
     Rule("unreachable", "SKILL.md reaches every reference", check_unreachable),
     Rule("route", "paths named in the text (references/, checklists/, notebooks/, examples/) exist", check_routes),
     Rule("phase-files", "each phase has its reference, checklist and notebook", check_phase_files),
