@@ -394,6 +394,11 @@ CASES = {
                                       ["a-file is a file"]),
     "export-out-under-a-file": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
                                  "{t}/tree", "--out", "{t}/a-file/export"], ["a-file is a file"]),
+    # serve: an idle time that is no time (inf overflowed the socket's timeout after the imports: a traceback)
+    "serve-idle-infinite": (["serve", "--idle", "inf"], ["--idle"]),
+    "serve-idle-nan": (["serve", "--idle", "nan"], ["--idle"]),
+    "serve-idle-negative": (["serve", "--idle", "-5"], ["--idle"]),
+    "serve-idle-a-word": (["serve", "--idle", "long"], ["invalid float value"]),
     # export: code in a model id, a tree that already registers the name, links out of the tree
     "export-model-id-with-code": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
                                    "{t}/tree", "--model-id", 'x", default=__import__("os").system("id")) #'],
