@@ -383,6 +383,17 @@ CASES = {
     "scaffold-out-unwritable": (["scaffold", "zoo:flux", "--out", UNWRITABLE + "/plugin.py"], ["plugin.py"]),
     "scaffold-unknown-row": (["scaffold", "zoo:flux", "--out", "{t}/out", "--rows", "nosuch"], ["nosuch"]),
     "scaffold-no-row": (["scaffold", "zoo:flux", "--out", "{t}/out", "--rows", ","], ["names no row"]),
+    # an output folder that is a file, for every command that makes one: refused before any work
+    "diff-out-a-file": (["diff", "zoo:flux", "--row", "cp-ulysses-2", "--out", "{t}/a-file"], ["a-file"]),
+    "checklist-out-a-file": (["checklist", "cache", "--model", "zoo:flux", "--out", "{t}/a-file"], ["a-file"]),
+    "matrix-out-a-file": (["matrix", "zoo:flux", "--out", "{t}/a-file"], ["a-file"]),
+    "scaffold-run-dir-a-file": (["scaffold", "zoo:flux", "--out", "{t}/out", "--run-dir", "{t}/a-file"], ["a-file"]),
+    "export-out-a-file": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to", "{t}/tree",
+                           "--out", "{t}/a-file"], ["a-file"]),
+    "scaffold-run-dir-under-a-file": (["scaffold", "zoo:flux", "--out", "{t}/out", "--run-dir", "{t}/a-file/run"],
+                                      ["a-file is a file"]),
+    "export-out-under-a-file": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
+                                 "{t}/tree", "--out", "{t}/a-file/export"], ["a-file is a file"]),
     # export: code in a model id, a tree that already registers the name, links out of the tree
     "export-model-id-with-code": (["export", "--model", "zoo:flux", "--integration", "{t}/plugin.py", "--to",
                                    "{t}/tree", "--model-id", 'x", default=__import__("os").system("id")) #'],
