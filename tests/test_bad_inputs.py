@@ -463,6 +463,11 @@ CASES = {
                                  ["result.json is a symbolic link"]),
     "run-resume-linked-lock": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/linked-lock", "--resume"],
                                [".lock is a symbolic link"]),
+    "checklist-from-run-with-a-linked-row": (["checklist", "cache", "--model", "zoo:flux", "--out", "{t}/out",
+                                              "--from-run", "{t}/linked-row"],
+                                             ["cannot copy the rows of", "rows/cache is a symbolic link"]),
+    "checklist-from-run-with-a-linked-result": (["checklist", "cache", "--model", "zoo:flux", "--out", "{t}/out",
+                                                 "--from-run", "{t}/linked-result"], ["result.json is a symbolic link"]),
     "run-linked-lock-without-resume": (["run", "zoo:flux", "--rows", "cache", "--out", "{t}/linked-lock"],
                                        [".lock is a symbolic link"]),
     # --junit FILE that cannot be written at the end: refused before any row runs
