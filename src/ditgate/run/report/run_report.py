@@ -252,6 +252,7 @@ def markdown(report: dict[str, Any]) -> str:
         + (f", input image {report['request']['image']}" if report["request"].get("image") else ""),
         "- added to the call by ditgate: " + ("; ".join(f"`{k}`: {v}" for k, v in report["added_to_call"].items())
                                               if report.get("added_to_call") else "nothing (the call as given)"),
+        *further_outputs.batch_line(report),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         f"- wall time {fmt(report.get('wall_s'), '.1f')} s",
         "",
