@@ -152,6 +152,10 @@ def _fresh_folder(opts: RunOptions) -> Path:
         raise ChecklistError(f"{run_dir} is not empty; choose another --out (a checklist always runs afresh)")
     if opts.from_run is not None and not (Path(opts.from_run) / "run.json").is_file():
         raise ChecklistError(f"--from-run {opts.from_run} is not a run folder of `ditgate run` (no run.json)")
+    if opts.from_run is not None:  # its rows are copied: a link in it would copy what it points at
+        from ditgate.run.exec.folder import refuse_links
+
+        refuse_links(Path(opts.from_run), "copy the rows of")
     return run_dir
 
 

@@ -203,7 +203,7 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
     snapshot = ClassSnapshot.of(pipe)
     target, perturbation, times, volatility = None, None, [], None
     # the uncached single-process rows (the baseline) measure how fast the transformer's output moves between steps
-    probes = Probes(watch_change=not row.cache and row.world_size == 1 and row.perturb is None)
+    probes = Probes()
     try:
         stage("apply")
         target = apply(row, pipe, integration, request)

@@ -78,7 +78,7 @@ def judge_row(runner, state) -> None:
     reference, the further comparison rows and the proofs; reasons go to `state.reasons`."""
     from ditgate.gates.verdicts import json_ready
     from ditgate.run.judge import cache_off, discrimination, proofs
-    from ditgate.run.define.rows import SENSITIVITY
+    from ditgate.run.define.rows import FAULT_SIZE, SENSITIVITY
 
     row = state.row
     if row.phase is None or not state.ran:
@@ -110,8 +110,8 @@ def judge_row(runner, state) -> None:
                     gates)
     state.reasons = ranked(state.verdict, state.reasons, record) if row.cache and row.phase == "cache" \
         else state.reasons
-    discrimination.judge(state, base.row.name, runner.states.get(SENSITIVITY.name), load, modality,
-                         dtype=runner.model.dtype, floor=floor.get("used"), gates=gates)
+    discrimination.judge(state, base.row.name, [runner.states.get(FAULT_SIZE.name), runner.states.get(
+        SENSITIVITY.name)], load, modality, dtype=runner.model.dtype, floor=floor.get("used"), gates=gates)
     judge_also(state, runner.states, load, modality, dtype=runner.model.dtype, gates=gates,
                floor_of=lambda phase: floor_for(phase).get("used"))
     for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):

@@ -18,6 +18,7 @@ from ditgate import __version__
 from ditgate.run.report import floor_report, twin_report
 from ditgate.run.report.grid import grid
 from ditgate.run.exec import files as store
+from ditgate.run.judge.discrimination import power_lines
 from ditgate.gates.verdicts import format_value, json_ready
 from ditgate.run.judge import outputs as further_outputs
 from ditgate.run.judge.proofs import acted_word
@@ -303,6 +304,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Why rows failed", ""]
         for r in failures:
             lines += [f"- **{r['name']}**: " + "; ".join(r["reasons"])]
+    lines += power_lines(report["rows"])
     proofs = [(r["name"], p) for r in report["rows"] for p in r["proofs"]]
     if proofs:
         status = {r["name"]: r["status"] for r in report["rows"]}
