@@ -27,6 +27,23 @@ def _diff(zoo_path, tmp_path, model, row_name, integration, dtype="float32"):
     return diff(cfg)
 
 
+def _fault_size() -> float:
+    from ditgate.gates.verdicts import load_gates
+
+    return load_gates()["rules"]["sensitivity"]["fault_size"]
+
+
+def _output_change(out: Path) -> float:
+    """The relative RMS change the row makes to the transformer's output on the first call (its sampled elements):
+    what gates.json rules.sensitivity.fault_size is calibrated on (the smallest planted fault's)."""
+    import math
+
+    base, cand = ((json.loads((out / "summary" / side / "summaries.json").read_text())["summaries"])
+                  for side in ("baseline", "candidate"))
+    b, c = base["transformer"]["samples"], cand["transformer"]["samples"]
+    return math.sqrt(sum((x - y) ** 2 for x, y in zip(b, c)) / sum(x * x for x in b))
+
+
 FAULTS = [
     # (model, row, integration, the module the fault is in)
     ("flux", "cp-ulysses-2", PLUGINS / "flux_cp_rope_joint_slice.py", "transformer.pos_embed"),
@@ -37,8 +54,10 @@ FAULTS = [
     ("flux", "cp-ulysses-2", PLUGINS / "flux_cp_processor_ignores_cp.py", "transformer.transformer_blocks.0.attn"),
     # the text split where it must stay whole: the halves stitched back are identical; the split is named
     ("wan", "cp-ulysses-2", PLUGINS / "wan_cp_text_split.py", "transformer.blocks.0"),
+    # GQA: rank 1's query heads paired with rank 0's key/value head (TP, key/value heads kept whole)
+    ("tinymm", "tp-2", PLUGINS / "tinymm_tp_gqa_wrong_kv.py", "transformer.transformer_blocks.0.attn"),
 ]
-PROCESSOR_FAULTS = {"integration_mask_not_reordered", "flux_cp_processor_ignores_cp"}  # "its processor" in the reason
+PROCESSOR_FAULTS = {"integration_mask_not_reordered", "flux_cp_processor_ignores_cp", "tinymm_tp_gqa_wrong_kv"}  # "its processor" in the reason
 FAST = {"integration_mask_not_reordered"}  # the fast tier locates one fault; the full tier every fault
 
 
@@ -56,6 +75,7 @@ def test_planted_fault_is_located(zoo_path, tmp_path, model, row, integration, m
     if integration.stem == "wan_cp_text_split":
         assert report["reason"].startswith("a replicated input split across the ranks"), report["reason"]
         assert report["split"]["attention"] == "transformer.blocks.0.attn2", report["split"]
+    assert _output_change(tmp_path / "diff") >= _fault_size()  # the sensitivity check's size is no larger
     first = next(x for x in report["lines"] if x["module"] == report["first"])
     assert first["diverged"]
     assert all(not x["diverged"] for x in report["lines"][:first["index"]])  # nothing earlier left the tolerance

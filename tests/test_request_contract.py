@@ -213,3 +213,29 @@ def test_the_test_prompt_is_left_out_where_a_pipeline_takes_none():
     assert "prompt" not in req.call
     with pytest.raises(DitgateError, match="does not accept prompt"):
         request.resolve(request.build({}, prompt="a cat"), DiTPipeline)  # a prompt the user gave is never dropped
+
+
+# -- what ditgate adds to the call --------------------------------------------------------------------------------
+def test_only_what_the_pipeline_requires_is_added_and_it_is_listed():
+    from diffusers import FluxKontextPipeline, HeliosPipeline, WanImageToVideoPipeline
+
+    t2v = request.resolve(request.build({}, steps=4), HeliosPipeline)  # text-to-video; its `image` is optional
+    assert t2v.image is None and "image" not in t2v.call and set(request.added(t2v)) == {"prompt"}
+    i2v = request.resolve(request.build({"call": {"prompt": "a cat"}}), WanImageToVideoPipeline)
+    listed = request.added(i2v)
+    assert i2v.image == "generated" and set(listed) == {"image", "num_inference_steps"}
+    assert "requires an input image" in listed["image"] and "pipeline's own default" in listed["num_inference_steps"]
+    none = request.resolve(request.build({}, extra=request.parse_call_options(["image=null"])), FluxKontextPipeline)
+    assert none.call["image"] is None and none.image is None and "image" not in request.added(none)
+
+
+@pytest.mark.full  # fast tier: the request's own listing above
+def test_report_lists_what_was_added(tmp_path, run_cli):
+    folder = _folder(tmp_path, drop=("prompt",))
+    code, out, err = run_cli("run", folder, "--rows", "baseline", "--out", tmp_path / "run", "--json")
+    report = json.loads(out)
+    assert code == 0 and set(report["added_to_call"]) == {"prompt"}, err[-2000:]
+    assert "- added to the call by ditgate: `prompt`: ditgate's test prompt" in (tmp_path / "run" / "report.md").read_text()
+    code, out, err = run_cli("run", "zoo:tinymm", "--rows", "baseline", "--out", tmp_path / "given", "--json")
+    assert code == 0 and json.loads(out)["added_to_call"] == {}
+    assert "- added to the call by ditgate: nothing" in (tmp_path / "given" / "report.md").read_text()

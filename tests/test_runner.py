@@ -44,13 +44,13 @@ def test_default_rows_pass_on_flux(flux_report):
 
 def test_report_says_where_the_time_went(flux_default_run):
     """Per row its generations and overhead by kind; the run's total counts the check rows' generations (the
-    sensitivity row and the cache-off twin, run but not shown) as generations, not as overhead."""
+    sensitivity rows and the cache-off twin, run but not shown) as generations, not as overhead."""
     report, out = flux_default_run
     t, shown = report["time"], [r for r in report["rows"] if r.get("generate_s") is not None]
     assert len(shown) == 10 and all(set(r["overhead"]) >= {"launch_s", "load_s", "restore_s", "setup_s"} for r in shown)
     assert sum(r["overhead"]["load_s"] for r in shown) > 0  # the one load, paid by the first row
     assert [r["name"] for r in shown if r["overhead"]["launch_s"] > 0] == ["cp-ulysses-2", "hybrid-u2xtp2"]  # 2 groups
-    checks = [store.load_result(out, name) for name in ("sensitivity", "cache-cache-off")]
+    checks = [store.load_result(out, name) for name in ("sensitivity-fault-size", "sensitivity", "cache-cache-off")]
     assert t["checks_s"] == pytest.approx(sum(c["generate_s"] for c in checks), abs=2e-3) and t["checks_s"] > 0
     assert t["generate_s"] == pytest.approx(sum(r["generate_s"] for r in shown) + t["checks_s"], abs=2e-3)
     assert t["overhead_s"] == pytest.approx(report["wall_s"] - t["generate_s"], abs=2e-3)

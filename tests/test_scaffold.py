@@ -58,3 +58,77 @@ def test_flux_plugin_passes_its_rows_and_the_opposite_choice_fails_the_named_row
     assert code == 1
     rows = {r["name"]: r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]}
     assert rows["cp-ulysses-2"]["status"] != "passed"
+
+
+def test_joint_key_mask_is_put_in_the_order_ulysses_gathers_the_keys():
+    """Two ranks, image queries on [image, text] keys: rank r's keys arrive as its image share then its text share."""
+    import torch
+
+    from ditgate.scaffold.runtime import HELPERS
+
+    space = {"torch": torch}
+    exec(HELPERS.split("class RoutedAttention")[0], space)  # the helper as the plugin holds it
+    whole = torch.arange(4 + 6)[None, None, None, :]  # 4 image keys, then 6 text keys
+    gathered = space["_key_mask_in_gathered_order"](whole, 2, 5, 2, False)
+    assert gathered.flatten().tolist() == [0, 1, 4, 5, 6, 2, 3, 7, 8, 9]
+    text_first = torch.arange(6 + 4)[None, None, None, :]  # 6 text keys, then 4 image keys
+    assert space["_key_mask_in_gathered_order"](text_first, 2, 5, 2, True).flatten().tolist() == \
+        [0, 1, 2, 6, 7, 3, 4, 5, 8, 9]
+
+
+def test_a_chained_pair_is_never_colwise_twice_and_a_fused_gated_pair_stays_whole():
+    """inspect's TP rows: `mod_down` feeds `mod_up` (a chained modulation pair, as the trace records it): the first is
+    kept whole. The scaffold shards neither the chain's first nor a fused gated pair."""
+    from ditgate.inspect.model import Traits
+    from ditgate.inspect.traits import revise_tp_layers
+    from ditgate.scaffold.write import _tp_layers
+
+    rows = [{"layer": "mod_down", "style": "Colwise (reads the block width)"},
+            {"layer": "mod_up", "style": "Colwise (reads the block width)"},
+            {"layer": "ff.net.0.proj", "style": "Colwise (reads the block width)"},
+            {"layer": "ff.net.2", "style": "Rowwise (writes the block width)"}]
+    traits = Traits(chunked_modulation=["t.blocks.*.mod_up (chunk 6)"], gated_mlps=["t.blocks.*.ff.net.0.proj"],
+                    linear_chains=[["t.blocks.*.mod_down", "t.blocks.*.mod_up"],
+                                   ["t.blocks.*.ff.net.0.proj", "t.blocks.*.ff.net.2"]])
+    revise_tp_layers({"Block": rows}, traits)
+    styles = {r["layer"]: r["style"] for r in rows}
+    assert styles["mod_up"] == "Colwise(output_layouts=Replicate())"
+    assert styles["mod_down"].startswith("keep whole: its output feeds `mod_up`")
+    plan, notes = _tp_layers(rows, 4, set(), [("mod_down", "mod_up")])
+    assert plan == {"mod_up": "ColwiseParallel(output_layouts=Replicate())"}  # mod_down whole, gated pair whole
+    assert any("`mod_down` feeds `mod_up` (observed): `mod_down` kept whole" in n for n in notes)
+
+
+@pytest.mark.full
+def test_nucleusmoe_plugin_passes_and_each_opposite_choice_fails_the_named_row(run_cli, tmp_path):
+    """Nucleus-MoE (diffusers' own layers): image queries on image + padded-text keys, packed experts with
+    expert-choice routing in blocks 1-2 only. The scaffold splits the text at every block with its RoPE, routes the
+    attention through cache-dit's dispatcher (queries padded to the keys' length, the key mask reordered), runs the
+    router on the gathered sequence, and shards each block structure with its own plan. Keeping the text whole, or
+    routing each rank's share, fails cp-ulysses-2, the row the plugin names for each."""
+    out = tmp_path / "nucleus.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/nucleusmoe", "--out", out, "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    rows = {r["name"]: r["status"] for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"]}
+    assert rows == {"baseline": "reference", "cache": "passed", "cp-ulysses-2": "passed", "tp-2": "passed"}, rows
+    assert '"transformer_blocks.*": {"encoder_hidden_states": _ContextParallelInput(split_dim=1' in text
+    assert "the other choice, text kept whole, is told apart by cp-ulysses-2" in text
+    assert "route_attention([block.attn for block in transformer.transformer_blocks], REORDER_MASK" in text
+    assert "gather_routing(transformer, [block.img_mlp for block in [transformer.transformer_blocks[i] for i in " \
+           "(1, 2)]])" in text and "(GATHER_ROUTING; False, routing each share, is told apart by cp-ulysses-2)" in text
+    assert "# NucleusMoEImageTransformerBlock[1-2] (in transformer_blocks):" in text
+    assert 'shard_div_attr(block.attn, "inner_dim", tp)' in text  # the processor reads heads from inner_dim
+    text_whole = text.replace('        "transformer_blocks.*": {"encoder_hidden_states": _ContextParallelInput('
+                              'split_dim=1, expected_dims=3, split_output=False)},\n', "").replace(
+        ", 1: _ContextParallelInput(split_dim=0, expected_dims=2, split_output=True)}", "}")
+    local_routing = text.replace("GATHER_ROUTING = True", "GATHER_ROUTING = False")
+    for name, source in (("text_whole", text_whole), ("local_routing", local_routing)):
+        assert source != text
+        plugin = tmp_path / f"{name}.py"
+        plugin.write_text(source)
+        code, _, _ = run_cli("run", "zoo:pipe/nucleusmoe", "--rows", "cp-ulysses-2", "--integration", plugin,
+                             "--dtype", "float32", "--out", tmp_path / name, "-q")
+        report = json.loads((tmp_path / name / "report.json").read_text())
+        (row,) = [r for r in report["rows"] if r["name"] == "cp-ulysses-2"]
+        assert code == 1 and row["status"] in ("failed", "error"), (name, row["status"])  # text whole: a crash

@@ -143,3 +143,17 @@ def test_zoo_spec_loads_on_every_rank_of_a_fresh_torchrun(tmp_path):
                            str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.count("loaded WanPipeline") == 2
+
+
+def test_every_ditgate_json_key_is_documented(zoo_path):
+    """README's table of `ditgate.json` names every key the zoo and the twin write, and nothing the code never reads
+    is described as read."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### The model folder's `ditgate.json`", 1)[1].split("\n## ", 1)[0]
+    documented = {k for row in re.findall(r"^\| (`[^|]+`) \|", section, re.M) for k in re.findall(r"`(\w+)`", row)}
+    written = set(json.loads((zoo_path("flux") / zoo.META_FILE).read_text()))
+    written |= {"modality", "call", "vae_tiling", "twin"}  # what ditgate.twin.assemble writes
+    assert written == documented, (written, documented)

@@ -5,8 +5,9 @@ What makes it hard to integrate, at a size that runs on a CPU in a second:
 - every block takes two sequences and returns both: the video tokens (`hidden_states`, all frames' patches,
   [B, F * N, D]) and the audio tokens (`encoder_hidden_states`, one per audio latent frame, [B, L, D]; 31 by
   default, a count two ranks do not divide). The text goes to both streams by cross-attention (`context`);
-- the video attends to the audio (video queries, audio keys) and the audio only to itself and the text, so context
-  parallelism can split the video tokens and keep the short audio stream whole on every rank;
+- the audio attends to the video (audio queries, video keys: the sound follows the picture), the video never to
+  the audio. Context parallelism can split the long video stream and keep the short audio stream whole on every
+  rank, but then the audio's cross-attention needs the whole video: each rank holds only its share of it;
 - two outputs: the video velocity and the audio velocity, decoded by a VAE and a vocoder into frames and a waveform.
 
 The attention, ada-norm and feed-forward layers are TinyST's (examples/tinyst).
@@ -24,7 +25,7 @@ from tinyst.transformer_tinyst import TinySTAdaNorm, TinySTAttention, TinySTFeed
 
 
 class TinyAVBlock(nn.Module):
-    """Video: self-attention, text and audio cross-attention, feed-forward. Audio: self-attention, text
+    """Video: self-attention, text cross-attention, feed-forward. Audio: self-attention, text and video
     cross-attention, feed-forward. Returns (video, audio)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int):
@@ -34,14 +35,14 @@ class TinyAVBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.cross = TinySTAttention(dim, heads, head_dim)
         self.norm3 = nn.LayerNorm(dim, eps=1e-6)
-        self.audio_to_video = TinySTAttention(dim, heads, head_dim)
-        self.norm4 = nn.LayerNorm(dim, eps=1e-6)
         self.ff = TinySTFeedForward(dim, 2 * dim)
         self.audio_norm1 = TinySTAdaNorm(dim, 4)
         self.audio_attn = TinySTAttention(dim, heads, head_dim)
         self.audio_norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.audio_cross = TinySTAttention(dim, heads, head_dim)
         self.audio_norm3 = nn.LayerNorm(dim, eps=1e-6)
+        self.video_to_audio = TinySTAttention(dim, heads, head_dim)
+        self.audio_norm4 = nn.LayerNorm(dim, eps=1e-6)
         self.audio_ff = TinySTFeedForward(dim, 2 * dim)
 
     def forward(self, hidden_states, encoder_hidden_states, context, temb):
@@ -49,12 +50,12 @@ class TinyAVBlock(nn.Module):
         x, (gate, gate_ff) = self.norm1(hidden_states, temb)
         hidden_states = hidden_states + gate * self.attn(x)
         hidden_states = hidden_states + self.cross(self.norm2(hidden_states), context)
-        hidden_states = hidden_states + self.audio_to_video(self.norm3(hidden_states), audio)
-        hidden_states = hidden_states + gate_ff * self.ff(self.norm4(hidden_states))
+        hidden_states = hidden_states + gate_ff * self.ff(self.norm3(hidden_states))
         y, (audio_gate, audio_gate_ff) = self.audio_norm1(audio, temb)
         audio = audio + audio_gate * self.audio_attn(y)
         audio = audio + self.audio_cross(self.audio_norm2(audio), context)
-        audio = audio + audio_gate_ff * self.audio_ff(self.audio_norm3(audio))
+        audio = audio + self.video_to_audio(self.audio_norm3(audio), hidden_states)
+        audio = audio + audio_gate_ff * self.audio_ff(self.audio_norm4(audio))
         return hidden_states, audio
 
 

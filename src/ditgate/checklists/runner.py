@@ -150,6 +150,10 @@ def _fresh_folder(opts: RunOptions) -> Path:
         raise ChecklistError(f"{run_dir} is not empty; choose another --out (a checklist always runs afresh)")
     if opts.from_run is not None and not (Path(opts.from_run) / "run.json").is_file():
         raise ChecklistError(f"--from-run {opts.from_run} is not a run folder of `ditgate run` (no run.json)")
+    if opts.from_run is not None:  # its rows are copied: a link in it would copy what it points at
+        from ditgate.run.exec.folder import refuse_links
+
+        refuse_links(Path(opts.from_run), "copy the rows of")
     return run_dir
 
 
@@ -293,6 +297,7 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
     Order: inspect; named checks that only read the pipeline (on the inspected copy); the runner; named checks
     judged on its rows; named checks that change a pipeline (each on a fresh load).
     """
+    from ditgate.core.request import added as request_added
     from ditgate.run.exec.folder import versions as _versions
 
     run_dir = _fresh_folder(opts)
@@ -315,6 +320,7 @@ def run_checklists(checklists: list[Checklist], opts: RunOptions) -> list[dict[s
         "pipeline": opts.model.pipeline, "trust_remote_code": opts.model.trust_remote_code,
         "command": reproduce_command([c.name for c in checklists], opts),
         "dtype": opts.model.dtype, "device": opts.model.device, "request": opts.model.request.to_dict(),
+        "added_to_call": request_added(opts.model.request),
         "run_dir": str(run_dir),
         "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
     }

@@ -262,6 +262,16 @@ def _offline():
                 os.environ[k] = v
 
 
+def _loading(exc: BaseException) -> str:
+    """The component diffusers was loading when `exc` was raised (its loader's `name`), or "?"."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "load_sub_model" and isinstance(tb.tb_frame.f_locals.get("name"), str):
+            return tb.tb_frame.f_locals["name"]
+        tb = tb.tb_next
+    return "?"
+
+
 def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = "cpu", *,
          pipeline: str | None = None, trust_remote_code: bool = False, warm: bool = True, **kwargs):
     """Load the pipeline at `model` (a folder or `zoo:NAME`) without touching the network.
@@ -292,8 +302,17 @@ def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = 
         raise PipelineClassError(f"{cls.__module__}.{cls.__qualname__} has no from_pretrained; it is not a pipeline")
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
-    with _offline():
-        pipe = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs)
+    try:
+        with _offline():
+            pipe = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs)
+    except (RuntimeError, ValueError) as exc:
+        text = " ".join(str(exc).split())
+        if "mismatch" not in text.lower() and "expected shape" not in text:
+            raise
+        said = "" if "ignore_mismatched_sizes" in text else f": {text[:200]}"  # that one points at a hidden report
+        raise DitgateError(f"cannot load {path}: the weights of component {_loading(exc)} do not match its "
+                           f"config.json (a size the config gives wrong: vocab_size, hidden_size, a layer count){said}"
+                           ) from None
     if device is not None:
         pipe = pipe.to(device)
     for component in getattr(pipe, "components", {}).values():

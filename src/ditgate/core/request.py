@@ -3,7 +3,9 @@
 One request object serves every command (run, inspect, matrix, checklist, notebook, diff). Its call arguments come,
 each overriding the one before, from the model folder's `ditgate.json` ("call", the zoo writes it; a user may write
 one too), a `--call-file FILE` (JSON or YAML), `--call KEY=VALUE` options and the named flags (`--prompt`,
-`--height`, `--width`, `--frames`, `--steps`). Nothing else is added: no negative prompt, no guidance scale.
+`--height`, `--width`, `--frames`, `--steps`). Nothing else is added (no negative prompt, no guidance scale) but
+what `added` lists: a test prompt where none was given, a seeded test image where the pipeline requires one (an
+optional `image` stays out; `--call image=null` passes None), the signature's default step count by name.
 
 `resolve(request, pipeline_class)` fits it to the pipeline's `__call__` before anything runs: the frame count goes
 under the name the signature uses, the step count comes from the signature's default when not given, an input
@@ -235,6 +237,22 @@ def input_image(request: Request):
             return img.convert("RGB")
     except OSError as exc:
         raise DitgateError(f"--image {request.image}: not an image PIL can read ({exc})") from None
+
+
+def added(request: Request) -> dict[str, str]:
+    """What ditgate put into the call that the user did not give, each with its reason (report.json
+    `added_to_call`, report.md): its test prompt where none was given, its seeded test image where the pipeline
+    requires an input image, the pipeline's own default step count passed by name. Nothing else is added."""
+    found = {}
+    if request.call.get("prompt") == DEFAULT_PROMPT:
+        found["prompt"] = f"ditgate's test prompt {DEFAULT_PROMPT!r}: none was given (--prompt sets one)"
+    if request.image == "generated" and request.image_key:
+        found[request.image_key] = ("ditgate's seeded test image of the call's size: the pipeline requires an input "
+                                    "image (no default, or its class transforms one); --image FILE gives yours")
+    if request.steps_from == "signature":
+        found["num_inference_steps"] = (f"{request.steps}, the pipeline's own default, passed by name so that "
+                                        "every row counts the same steps")
+    return found
 
 
 def call_kwargs(pipe, request: Request) -> dict[str, Any]:

@@ -1,9 +1,17 @@
 """The denoising steps of a pipeline call, seen at its scheduler, whatever callbacks the pipeline offers.
 
-`SchedulerSteps(pipe)` wraps `pipe.scheduler.step` on that scheduler instance (never on its class) while the
-context is active: every call records the sample it was given and the one it returned. The first step's input is
-the initial latents the pipeline prepared (its noise, in the layout of the final latents); the last step's output
-is the final latents. Taken off on exit, so a pipeline copied or reused later sees its scheduler unchanged.
+`SchedulerSteps(pipe)` records every `step` of `pipe.scheduler` while the context is active: the sample it was
+given and the one it returned. The first step's input is the initial latents the pipeline prepared (its noise, in
+the layout of the final latents); the last step's output is the final latents.
+
+The capture never changes what the pipeline does. The scheduler instance is given a subclass of its own class for
+the call, made here, whose `step` calls the class's own `step` on whatever scheduler it is called on and records
+only the calls made on the pipeline's scheduler. A pipeline that copies its scheduler (deep or shallow: one per
+stream, as audio-video pipelines do) gets copies that step themselves, unrecorded; other schedulers are never
+touched; a pipeline that steps itself simply records no step. An earlier design put a closure on the instance,
+which `copy.deepcopy` carried into the copy still bound to the original: the copy then stepped the original
+scheduler, twice per step, into an IndexError. On exit the scheduler gets its class back; a copy made during the
+call keeps the subclass, which only passes its calls through.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ class SchedulerSteps:
         self.calls = 0
         self.first_sample: torch.Tensor | None = None
         self._last: torch.Tensor | None = None
+        self._class: type | None = None  # the scheduler's own class while its recording subclass is set
         self._installed = False
 
     @property
@@ -48,21 +57,28 @@ class SchedulerSteps:
         self.calls, self.first_sample, self._last = 0, None, None
 
     def __enter__(self) -> "SchedulerSteps":
-        if not self.available or self._installed:
-            return self
-        original = self.scheduler.step
+        if not self.available or self._installed or "step" in vars(self.scheduler):
+            return self  # a step set on the instance by someone else stays theirs: nothing is recorded
+        cls = type(self.scheduler)
         try:
-            signature = inspect.signature(original)
+            signature = inspect.signature(cls.step)
         except (TypeError, ValueError):
             signature = None
+        tap = self
 
-        def step(*args, **kwargs):
-            output = original(*args, **kwargs)
-            self._record(signature, args, kwargs, output)
+        def step(scheduler, *args, **kwargs):
+            output = super(recording, scheduler).step(*args, **kwargs)
+            if scheduler is tap.scheduler and tap._installed:
+                tap._record(signature, (scheduler, *args), kwargs, output)
             return output
 
-        self.scheduler.step = step  # an instance attribute: shadows the method for this scheduler only
-        self._installed = True
+        recording = type(cls.__name__, (cls,), {"step": step, "__module__": cls.__module__,
+                                                "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+        try:
+            self.scheduler.__class__ = recording
+        except TypeError:  # a layout that refuses another class: steps are not seen, the call is untouched
+            return self
+        self._class, self._installed = cls, True
         return self
 
     def _record(self, signature, args, kwargs, output) -> None:
@@ -82,5 +98,5 @@ class SchedulerSteps:
 
     def __exit__(self, *exc) -> None:
         if self._installed:
-            vars(self.scheduler).pop("step", None)
+            self.scheduler.__class__ = self._class
             self._installed = False

@@ -129,6 +129,7 @@ class Traits:
     calls_per_step: dict[str, float | None] = field(default_factory=dict)  # transformer -> calls per step
     block_variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # list -> its block structures
     experts: list[dict[str, Any]] = field(default_factory=list)  # expert layers: router, shared, routing kind
+    linear_chains: list[list[str]] = field(default_factory=list)  # [a Linear, a Linear of its block reading it]
 
 
 @dataclass

@@ -57,6 +57,7 @@ class MaskCall:
     shape: list[int]
     padding_share: float  # masked entries / all entries
     per_sample: list[float]
+    first_masked_key: int | None = None  # the first key position some query cannot see (where padding starts)
 
 
 @dataclass
@@ -330,7 +331,9 @@ class Trace(HookedRecorder):
         group = self._attention[-1] if self._attention else "(outside attention modules)"
         calls = self.records[self._active[-1]].masks.setdefault(group, [])
         if not any(c.call == self._calls for c in calls):
-            calls.append(MaskCall(self._calls, list(mask.shape), round(share[0], 4), share[1]))
+            masked = (~mask if mask.dtype == torch.bool else mask < -1e4).reshape(-1, mask.shape[-1]).any(dim=0)
+            first = int(masked.nonzero()[0, 0]) if bool(masked.any()) else None
+            calls.append(MaskCall(self._calls, list(mask.shape), round(share[0], 4), share[1], first))
 
 
 def _group(path: str, lists: dict) -> str:

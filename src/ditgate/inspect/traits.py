@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditgate.inspect.model import H, Traits
+from ditgate.inspect.model import E, H, Traits
 
 GATED = ("fused gated MLP: one Linear, output chunked in two, one half through an activation times the other; "
          "Colwise shards would pair the wrong halves: relay out its rows per rank (gate_r, up_r) then Colwise, or "
@@ -38,7 +38,7 @@ def per_block_tensors(t_name: str, record, lists: list) -> list[dict[str, Any]]:
         bound = lr.first_call.bound
         positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
         hidden = bound.get(positional[0]) if positional else None
-        streams = {positional[0]} | ({b.encoder_param} if b.encoder_param else set())
+        streams = {positional[0]} | ({b.encoder_param} if b.encoder_param else set()) | ({E} & set(bound))
         lengths = {int(bound[s].shape[1]) for s in streams if getattr(bound.get(s), "ndim", 0) >= 3}
         changed = {a for tr in lr.transitions for a in tr.changed_args}
         if hidden is None or not lengths:
@@ -128,6 +128,8 @@ def analyse_traits(transformers: dict, probe, trace, lists: list, sequence_token
                 traits.chunked_modulation.append(f"{name} (chunk {use.chunks})")
             if use.input_from is None and use.in_features != use.out_features and not use.chunks:
                 traits.reads_block_input.append(name)
+            if use.input_from is not None:
+                traits.linear_chains.append([f"{t_name}.{use.input_from}", name])
         traits.sequence_routing += [f"{t_name}.{s}" for s in tr.sequence_sorts]
         traits.attention_norms.update({f"{t_name}.{k}": v for k, v in tr.attention_norms.items()})
         traits.repeated_modules.update({f"{t_name}.{k}": v for k, v in tr.repeated_modules.items()})
@@ -186,3 +188,11 @@ def revise_tp_layers(tp: dict[str, list[dict[str, Any]]], traits: Traits) -> Non
                 row["style"] = "Colwise(output_layouts=Replicate())"
             elif row["layer"] in inputs and row["style"].startswith("Rowwise"):
                 row["style"] = "review: reads no other layer of the block (an input projection): Colwise or Replicate"
+    for rows in tp.values():  # a chained pair (one Linear's output feeds the other): never Colwise twice
+        styles = {row["layer"]: row for row in rows}
+        for first, second in ((layer(a), layer(b)) for a, b in traits.linear_chains):
+            one, two = styles.get(first), styles.get(second)
+            if one and two and one["style"].startswith("Colwise") and "Replicate" not in one["style"] \
+                    and two["style"].startswith("Colwise"):
+                one["style"] = (f"keep whole: its output feeds `{second}` ({two['style']}); Colwise for both would "
+                                "hand it a shard it cannot read (Colwise then Rowwise, or this one whole)")

@@ -1,6 +1,6 @@
 """The progress lines of a run (stderr, through the command's progress callable).
 
-- The total is known at the start: the chosen rows plus the rows the runner adds by itself (the sensitivity row
+- The total is known at the start: the chosen rows plus the rows the runner adds by itself (the sensitivity rows
   when a row is gated, the calibration row when a gated row uses the floor, each cache row's caching-off twin),
   counted before anything runs (`planned`). Only an audio model in float32 whose class does not say so can add a
   row the count did not foresee; the line then says the total grew and why.
@@ -26,15 +26,14 @@ REASON_CHARS = 160  # a failure's reason on its progress line (report.md has it 
 def planned(rows: list, steps: int | None, dtype: str, pipeline: str | None, gates: dict | None) -> int:
     """How many rows a run records: `rows` and the ones the runner adds by itself (see the module's doc)."""
     from ditgate.gates.calibration import uses_floor
-    from ditgate.run.define.rows import CALIBRATION, SENSITIVITY
+    from ditgate.run.define.rows import CALIBRATION
     from ditgate.run.judge.cache_off import twin
+    from ditgate.run.judge.discrimination import needed
 
     names = {r.name for r in rows}
     gated = [r for r in rows if r.phase]
-    extra = 0
-    if gated and SENSITIVITY.name not in names:
-        extra += 1
     modality = "audio" if "audio" in (pipeline or "").lower() else "image"
+    extra = sum(1 for r in needed([r.phase for r in gated], [modality], dtype, gates) if r.name not in names)
     if gated and CALIBRATION.name not in names and uses_floor(modality, dtype, gates):
         extra += 1
     extra += sum(1 for r in rows if (t := twin(r, steps)) is not None and t.name not in names)

@@ -185,25 +185,29 @@ class Runner:
     def _gated_modalities(self, later: list[Row] = ()) -> list[str | None]:
         """The modality of every gated row that ran, and the baseline's for the gated rows still to run (`later`)."""
         from ditgate.run.define.rows import BASELINE
+        from ditgate.run.judge.outputs import modalities
 
-        found = [s.result.get("modality") for s in self.states.values() if s.ran and s.row.phase]
+        found = [m for s in self.states.values() if s.ran and s.row.phase
+                 for m in [s.result.get("modality"), *modalities(s.result)]]
         base = self.states.get(BASELINE.name)
         if later and base is not None and base.ran:
-            found.append(base.result.get("modality"))
+            found += [base.result.get("modality"), *modalities(base.result)]  # frames and audio: both gated
         return found
 
     def _sensitivity(self, later: list[Row] = ()) -> None:
-        """Run the sensitivity row when a gated row ran or is still to run (`later`; see ditgate.run.judge.discrimination)."""
-        from ditgate.run.define.rows import SENSITIVITY
+        """Run the sensitivity rows needed by the gated rows that ran or are to run (`later`; run.judge.discrimination)."""
+        from ditgate.run.judge.discrimination import needed
 
-        if SENSITIVITY.name in self.states or not self._gated_modalities(later):
-            return
-        self.states[SENSITIVITY.name] = RowState(SENSITIVITY)
-        done = _done(self.run_dir, SENSITIVITY, self.cfg.resume)
-        if done:
-            self._record(self.states[SENSITIVITY.name], done | {"resumed": True})
-        else:  # far outside every gate, timed by nothing: no warm-up, one call
-            self._run_in_process(SENSITIVITY, warmup=0, repeats=1)
+        phases = [s.row.phase for s in self.states.values() if s.ran and s.row.phase] + [r.phase for r in later]
+        for row in needed(phases, self._gated_modalities(later), self.model.dtype, self.gate_table()):
+            if row.name in self.states:
+                continue
+            self.states[row.name] = RowState(row)
+            done = _done(self.run_dir, row, self.cfg.resume)
+            if done:
+                self._record(self.states[row.name], done | {"resumed": True})
+            else:  # timed by nothing: no warm-up, one call
+                self._run_in_process(row, warmup=0, repeats=1)
 
     def _pristine_pipeline(self):
         """The pipeline loaded once in this process; None with launch="per-row"."""
@@ -363,10 +367,10 @@ class Runner:
             from ditgate.run.define.predict import profile_for
 
             self.profile, note = profile_for(self.model_path, self.model.request, self.model.dtype)
-        from ditgate.run.define.rows import SENSITIVITY
+        from ditgate.run.define.rows import FAULT_SIZE, SENSITIVITY
 
-        def is_check(state) -> bool:  # these two live in the verdicts, not in the table
-            return state.row.name == SENSITIVITY.name or state.row.name.endswith("-cache-off")
+        def is_check(state) -> bool:  # these live in the verdicts, not in the table
+            return state.row.name in (SENSITIVITY.name, FAULT_SIZE.name) or state.row.name.endswith("-cache-off")
 
         shown = [s for s in self.states.values() if not is_check(s)]
         checks = [s.result for s in self.states.values() if is_check(s) and s.ran]

@@ -192,13 +192,13 @@ def build_tinymoe(seed: int = 0):
 
 def build_tinyav(seed: int = 0):
     """TinyAVPipeline (examples/tinyav): 2 fused video/audio blocks, 4 heads x 8; T5, per-frame VAE, a vocoder
-    (8 audio channels, 64 samples per latent frame at 16 kHz)."""
+    (8 audio channels, 256 samples per latent frame at 16 kHz: 31 frames make 0.5 s)."""
     from ditgate.core.examples import ensure_importable
 
     ensure_importable("tinyav")
     from tinyav import TinyAVVocoder
 
-    vocoder = _seeded(seed + 3, lambda: TinyAVVocoder(in_channels=8, hidden=16, channels=2, hop_length=64,
+    vocoder = _seeded(seed + 3, lambda: TinyAVVocoder(in_channels=8, hidden=16, channels=2, hop_length=256,
                                                       sampling_rate=16000))
     return _example_pipeline("tinyav", "TinyAVPipeline", "TinyAVTransformer3DModel", seed,
                              {"vocoder": vocoder}, num_layers=2, num_attention_heads=4, attention_head_dim=8,

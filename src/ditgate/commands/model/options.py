@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from ditgate.core import request as request_mod
+from ditgate.core.errors import DitgateError
 
 
 def bounded(low: int, high: int):
@@ -87,6 +88,18 @@ def with_variants(rows: list, args: argparse.Namespace, model) -> list:
 
     prompts = variants.read_prompts(args.prompts) if args.prompts else None
     return variants.expand(rows, prompts, args.seeds, model.request.seed, load_gates())
+
+
+def check_out_folder(path: Path | None, option: str = "--out") -> None:
+    """Refuse, before any work, an output folder that is a file or lies under one (the command would find out only
+    when it makes the folder, after its runs)."""
+    if path is None:
+        return
+    for folder in (Path(path), *Path(path).parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise DitgateError(f"{option} {path}: {folder} is a file, not a folder")
+            return
 
 
 def add_junit_argument(parser: argparse.ArgumentParser) -> None:

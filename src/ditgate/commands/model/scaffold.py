@@ -26,11 +26,12 @@ def main(args: argparse.Namespace) -> int:
     import time
 
     from ditgate.commands.model.inspect import _check_writable
-    from ditgate.commands.model.options import model_from
+    from ditgate.commands.model.options import check_out_folder, model_from
     from ditgate.inspect.anatomy import write_text_atomic
     from ditgate.scaffold.write import observe, plugin_source
 
     _check_writable(args.out)
+    check_out_folder(args.run_dir, "--run-dir")
     if not args.no_run:  # the rows are checked before the model is inspected and the plugin written
         from ditgate.run.define import rows
 
@@ -51,19 +52,24 @@ def _run_rows(args: argparse.Namespace, model, start: float) -> int:
     import contextlib
     import time
 
-    from ditgate import twin
+    from ditgate import twin, zoo
     from ditgate.commands.model.twin import _given
     from ditgate.core.model import Model
     from ditgate.run.define import rows
     from ditgate.run.report import run_report
     from ditgate.run.runner import RunConfig, run
 
-    print("scaffold: the float32 twin", file=sys.stderr, flush=True)
-    with contextlib.redirect_stdout(sys.stderr):
-        built = twin.cached(model.name, pipeline=model.pipeline, trust_remote_code=model.trust_remote_code,
-                            seed=model.request.seed, call=_given(args), frames=args.frames, quiet=True)
-    on_twin = Model.open(built.folder, pipeline=model.pipeline, trust_remote_code=model.trust_remote_code,
-                         dtype="float32", device="cpu", seed=model.request.seed)
+    if model.name.startswith(zoo.ZOO_PREFIX):  # already tiny, seeded and float32: its own twin, on the same call
+        print("scaffold: rows on the zoo model itself (float32)", file=sys.stderr, flush=True)
+        on_twin = Model.open(model.name, pipeline=model.pipeline, dtype="float32", device="cpu",
+                             request=model.request)
+    else:
+        print("scaffold: the float32 twin", file=sys.stderr, flush=True)
+        with contextlib.redirect_stdout(sys.stderr):
+            built = twin.cached(model.name, pipeline=model.pipeline, trust_remote_code=model.trust_remote_code,
+                                seed=model.request.seed, call=_given(args), frames=args.frames, quiet=True)
+        on_twin = Model.open(built.folder, pipeline=model.pipeline, trust_remote_code=model.trust_remote_code,
+                             dtype="float32", device="cpu", seed=model.request.seed)
     cfg = RunConfig(model=on_twin, rows=rows.select(rows.DEFAULT_ROWS, args.rows), out=args.run_dir,
                     integration=args.out.resolve(), twin="off")
     report = run(cfg)

@@ -123,11 +123,16 @@ CALIBRATION = Row("calibration", perturb="unit_roundoff",
                   description="the baseline again, every transformer and transformer-block output perturbed by one "
                               "rounding error of the run dtype: the noise floor of audio rows and of every row in "
                               "reduced precision")
-# Whether the gates can discriminate at all (ditgate.run.judge.discrimination): the runner adds it when a row is gated.
+# The power of the gates (ditgate.run.judge.discrimination): the runner adds FAULT_SIZE when a row is gated, its scale
+# from gates.json rules.sensitivity.fault_size, and SENSITIVITY when a gated row's gate is lossy or has a noise floor.
+FAULT_SIZE = Row("sensitivity-fault-size", perturb=0.004,
+                 description="the baseline with every transformer output multiplied by (1 + s z), s the size of the "
+                             "smallest planted fault (gates.json rules.sensitivity.fault_size): a gate that rejects it "
+                             "rejects a fault of realistic size")
 SENSITIVITY = Row("sensitivity", perturb=10.0,
                   description="the baseline with every transformer output multiplied by (1 + 10 z): far outside every "
                               "gate unless the output does not depend on the transformer")
-REFERENCE_ROWS = {r.name: r for r in (BASELINE, BASELINE_TILED, CALIBRATION, SENSITIVITY)}
+REFERENCE_ROWS = {r.name: r for r in (BASELINE, BASELINE_TILED, CALIBRATION, FAULT_SIZE, SENSITIVITY)}
 # The caching-off twin of a cache row is NAME + this (ditgate.run.judge.cache_off): a name the runner makes itself.
 CACHE_OFF_SUFFIX = "-cache-off"
 

@@ -38,7 +38,7 @@ from ditgate.core.components import transformers_of
 from ditgate.run.exec.probes import Probes, compiled_modules, quantized_weights, sharded_weights
 from ditgate.core.model import Model
 from ditgate.core.request import Request
-from ditgate.run.exec.outputs import decoded
+from ditgate.run.exec.outputs import decoded, further
 from ditgate.run.define.configs import cache_config, parallelism_config, quantize_config
 from ditgate.run.define.rows import CACHE_OFF_SUFFIX, Row
 from ditgate.run.exec.probes import ResidualChange
@@ -62,6 +62,7 @@ class Outcome:
     overhead: dict[str, float] = field(default_factory=dict)  # seconds outside the pipeline calls (see run_row)
     first_step: np.ndarray | None = None  # the transformer's output at its first call (ditgate.gates.first_step)
     warmup: int = 0  # untimed calls made before the timed ones
+    further: dict[str, dict[str, Any]] = field(default_factory=dict)  # outputs beside `output` (outputs.further)
 
 
 def compile_transformers(pipe, options: dict[str, Any]) -> None:
@@ -202,7 +203,7 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
     snapshot = ClassSnapshot.of(pipe)
     target, perturbation, times, volatility = None, None, [], None
     # the uncached single-process rows (the baseline) measure how fast the transformer's output moves between steps
-    probes = Probes(watch_change=not row.cache and row.world_size == 1 and row.perturb is None)
+    probes = Probes()
     try:
         stage("apply")
         target = apply(row, pipe, integration, request)
@@ -231,6 +232,10 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
             if i >= warmup:
                 times.append(took)
         output, modality = decoded(out)
+        extra = further(out)
+        for value in extra.values():
+            if value.get("modality") == "audio":
+                value["sample_rate"] = audio.sample_rate(pipe)
         facts = probes.facts(request.steps)
         facts["cp_split_dims"] = integration.cp_split_dims if integration is not None else plugin.declared_split_dims()
         facts["not_covered"] = integration.not_covered if integration is not None else None
@@ -255,7 +260,8 @@ def _run_row(row: Row, model: Model, *, device: str, integration: Integration | 
                        noise=None if start_noise is None else start_noise.numpy(),
                        times=times, peak_memory=_peak_memory(device, pristine.resident_bytes if pristine else 0),
                        facts=facts, overhead=overhead, warmup=warmup,
-                       first_step=None if probes.first_output is None else probes.first_output.numpy())
+                       first_step=None if probes.first_output is None else probes.first_output.numpy(),
+                       further=extra)
     finally:
         probes.detach()
         if volatility is not None:
@@ -310,10 +316,17 @@ def save_outcome(run_dir: Path, row: Row, outcome: Outcome) -> dict[str, Any]:
     files = store.viewable(outcome.output, outcome.modality)
     if outcome.modality == "audio" and outcome.sample_rate and np.isfinite(outcome.output).all():
         files[WAV_FILE] = audio.wav_bytes(outcome.output, outcome.sample_rate)
+    arrays = {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise,
+              "first_step": outcome.first_step}
+    if outcome.further:  # each further output beside output.npy as output_NAME.npy (a waveform also as a WAV file)
+        result["outputs"] = {name: {k: v for k, v in value.items() if k != "output"}
+                             for name, value in outcome.further.items()}
+        for name, value in outcome.further.items():
+            arrays[f"output_{name}"] = value.get("output")
+            if value.get("sample_rate") and value["output"] is not None and np.isfinite(value["output"]).all():
+                files[f"output_{name}.wav"] = audio.wav_bytes(value["output"], value["sample_rate"])
     result["media"] = sorted(files)
-    store.save_row(run_dir, row.name, result,
-                   {"output": outcome.output, "latents": outcome.latents, "noise": outcome.noise,
-                    "first_step": outcome.first_step}, files)
+    store.save_row(run_dir, row.name, result, arrays, files)
     return result
 
 

@@ -4,6 +4,10 @@ Pipelines return a diffusers output object (`images`, `frames`, `audios`, `video
 a tuple whose first element is the output, a NumPy array, a torch tensor, a list of PIL images (or of frames, for
 a video), or a list of arrays. The first sample of the batch is kept, laid out as the metrics expect it: an image
 [H, W, C], a video [F, H, W, C] and audio [channels, samples], values in [0, 1] for pictures.
+
+A call may return more than one output (frames and audio): `decoded` keeps the first the output object names, and
+`further` every other one, each with its modality, so that each is saved and gated with its own modality's gate; an
+array output of a name no gate knows (a tensor field beside them) is listed as one that cannot be judged.
 """
 
 from __future__ import annotations
@@ -104,3 +108,40 @@ def decoded(out: Any) -> tuple[np.ndarray, str]:
         array = array[:, 0]  # one frame per prompt
     result = _first(array, modality)
     return np.ascontiguousarray(result, dtype=np.float32), modality
+
+
+def further(out: Any) -> dict[str, dict[str, Any]]:
+    """The outputs beside the one `decoded` keeps: {name: {"output": first sample, "modality"}}, or {name: {"why":
+    ...}} for an array output no gate can judge. Names are the output object's fields (a tuple's items: `item1`, ...)."""
+    if isinstance(out, tuple):
+        items = {f"item{i}": v for i, v in enumerate(out) if i and isinstance(v, (np.ndarray, torch.Tensor))}
+        primary = None
+    elif isinstance(out, (np.ndarray, torch.Tensor, list)) or _is_pil(out):
+        return {}
+    else:
+        fields = out if isinstance(out, dict) else {n: getattr(out, n) for n in _field_names(out)}
+        items = {k: v for k, v in fields.items() if v is not None}
+        primary = next((attr for attr, _ in FIELDS if attr in items), None)
+    known = dict(FIELDS)
+    found: dict[str, dict[str, Any]] = {}
+    for name, value in items.items():
+        if name == primary or not (isinstance(value, (np.ndarray, torch.Tensor)) or
+                                   (isinstance(value, list) and value and name in known)):
+            continue
+        try:
+            array = _array(value)
+            modality = known.get(name) or _by_shape(array)
+            found[name] = {"output": np.ascontiguousarray(_first(array, modality), dtype=np.float32),
+                           "modality": modality}
+        except (DitgateError, ValueError, TypeError) as exc:
+            found[name] = {"why": f"output {name!r} ({type(value).__name__}) cannot be judged: {exc}"}
+    return found
+
+
+def _field_names(out: Any) -> list[str]:
+    """An output object's fields: a diffusers BaseOutput's keys, else its dataclass fields."""
+    import dataclasses
+
+    if hasattr(out, "keys") and callable(out.keys):
+        return list(out.keys())
+    return [f.name for f in dataclasses.fields(out)] if dataclasses.is_dataclass(out) else []

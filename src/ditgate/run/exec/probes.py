@@ -51,9 +51,6 @@ class Probes:
     noise: torch.Tensor | None = None
     latents: torch.Tensor | None = None  # from the step callback; see final_latents() for every pipeline
     first_output: torch.Tensor | None = None  # what the first transformer call returned (its first tensor)
-    watch_change: bool = False  # measure each transformer output's change from step to step (the baseline's)
-    _recent: dict = field(default_factory=dict)  # transformer -> its last two outputs (watch_change)
-    _changes: dict = field(default_factory=dict)  # transformer -> {lag: [||o_k - o_k-lag|| / ||o_k-lag||, ...]}
     _steps: SchedulerSteps | None = None
     _handles: list = field(default_factory=list)
     _spans: list = field(default_factory=list)  # (start, end) of each transformer call: perf_counter or CUDA events
@@ -69,8 +66,6 @@ class Probes:
         self.transformer_calls = self.decoder_calls = 0
         self.noise = self.latents = self.first_output = None
         self._spans.clear()
-        self._recent.clear()
-        self._changes.clear()
         if self._steps is not None:
             self._steps.reset()
 
@@ -82,8 +77,6 @@ class Probes:
             self._handles.append(transformer.register_forward_pre_hook(eager(self._on_transformer), with_kwargs=True))
             self._handles.append(transformer.register_forward_pre_hook(eager(self._count_calls(tname))))
             self._handles.append(transformer.register_forward_hook(eager(self._after_transformer)))
-            if self.watch_change:
-                self._handles.append(transformer.register_forward_hook(eager(self._step_change(tname))))
             for lname, blocks in block_lists(transformer).items():
                 key = f"{tname}.{lname}"
                 self.last_block_calls[key] = 0
@@ -118,36 +111,6 @@ class Probes:
             self.first_output = None if first is None else first.detach().float().cpu().clone()
         if self._spans and self._spans[-1][1] is None:
             self._spans[-1][1] = _now(self._spans[-1][0])
-
-    def _step_change(self, name):
-        # the relative change of this transformer's output from one call to the call `lag` calls before (lag 2: a
-        # pipeline calling it twice per step, once per guidance branch); kept as 0-d tensors, read in facts()
-        def hook(module, args, output):
-            out = tensor_of(output, "sample")
-            if out is None:
-                return
-            out = out.detach().float()
-            recent = self._recent.setdefault(name, [])
-            for lag, before in enumerate(reversed(recent), start=1):
-                if before.shape == out.shape:
-                    change = (out - before).norm() / before.norm().clamp_min(1e-12)
-                    self._changes.setdefault(name, {}).setdefault(lag, []).append(change)
-            recent.append(out.clone())
-            del recent[:-2]
-        return hook
-
-    def step_change(self, steps: int | None) -> dict[str, Any]:
-        """Per transformer: how much its output changes from one denoising step to the next, relative to its
-        size (the changes of consecutive calls of one guidance branch): {"median", "max", "values"}."""
-        found = {}
-        for name, by_lag in self._changes.items():
-            per_step = round(self.calls_by_transformer.get(name, 0) / steps) if steps else 1
-            values = [float(v) for v in by_lag.get(max(per_step, 1), [])]
-            if values:
-                ordered = sorted(values)
-                found[name] = {"median": ordered[len(ordered) // 2], "max": ordered[-1],
-                               "values": [round(v, 4) for v in values]}
-        return found
 
     def _count_calls(self, name):
         def hook(module, args):
@@ -249,7 +212,6 @@ class Probes:
             "transformer_time_s": self.transformer_time(),
             "latents_from": self.final_latents()[1],
             "scheduler_steps": self._steps.calls if self._steps is not None else None,
-            **({"step_change": self.step_change(steps)} if self.watch_change else {}),
         }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ditgate.gates.calibration import reduced_precision
+from ditgate.run.judge import outputs as further_outputs
 from ditgate.run.judge import reduced_floor
 from ditgate.run.exec import files as store
 from ditgate.run.judge.hints import hint_for, ranked
@@ -77,7 +78,7 @@ def judge_row(runner, state) -> None:
     reference, the further comparison rows and the proofs; reasons go to `state.reasons`."""
     from ditgate.gates.verdicts import json_ready
     from ditgate.run.judge import cache_off, discrimination, proofs
-    from ditgate.run.define.rows import SENSITIVITY
+    from ditgate.run.define.rows import FAULT_SIZE, SENSITIVITY
 
     row = state.row
     if row.phase is None or not state.ran:
@@ -102,14 +103,15 @@ def judge_row(runner, state) -> None:
                             sample_rate=state.result.get("sample_rate"), floor=floor.get("used"))
     state.verdict = record | ({"floor": json_ready(floor)} if floor else {})
     state.reasons.extend(reasons)
+    further_outputs.judge(runner, state, base, load)  # frames and audio: every output with its own gate
     if reduced_precision(runner.model.dtype, gates):
         reduced_floor.judge_exact(runner, state, base.row.name, load)
     cache_off.judge(state, base.row.name, runner.states.get(row.name + cache_off.SUFFIX), load, runner.model.dtype,
                     gates)
     state.reasons = ranked(state.verdict, state.reasons, record) if row.cache and row.phase == "cache" \
         else state.reasons
-    discrimination.judge(state, base.row.name, runner.states.get(SENSITIVITY.name), load, modality,
-                         dtype=runner.model.dtype, floor=floor.get("used"), gates=gates)
+    discrimination.judge(state, base.row.name, [runner.states.get(FAULT_SIZE.name), runner.states.get(
+        SENSITIVITY.name)], load, modality, dtype=runner.model.dtype, floor=floor.get("used"), gates=gates)
     judge_also(state, runner.states, load, modality, dtype=runner.model.dtype, gates=gates,
                floor_of=lambda phase: floor_for(phase).get("used"))
     for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):

@@ -18,9 +18,12 @@ from ditgate import __version__
 from ditgate.run.report import floor_report, twin_report
 from ditgate.run.report.grid import grid
 from ditgate.run.exec import files as store
+from ditgate.run.judge.discrimination import power_lines
 from ditgate.gates.verdicts import format_value, json_ready
+from ditgate.run.judge import outputs as further_outputs
 from ditgate.run.judge.proofs import acted_word
 from ditgate.run.report import spread
+from ditgate.core import request as request_mod
 from ditgate.core.paths import checklists_dir
 
 SCHEMA = "report.schema.json"
@@ -150,6 +153,7 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
         "run_dir": str(run_dir),
         "model": run_info["model"],
         "request": run_info["request"],
+        "added_to_call": request_mod.added(request_mod.Request.from_dict(run_info["request"])),
         "dtype": run_info["dtype"],
         "device": run_info["device"],
         "integration": run_info.get("integration"),
@@ -254,6 +258,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"- size {_size_line(size, report.get('produced_size'))}, {steps_text(report['request'])}, seed "
         f"{report['request']['seed']}, {report['dtype']} on {report['device']}"
         + (f", input image {report['request']['image']}" if report["request"].get("image") else ""),
+        "- added to the call by ditgate: " + ("; ".join(f"`{k}`: {v}" for k, v in report["added_to_call"].items())
+                                              if report.get("added_to_call") else "nothing (the call as given)"),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         f"- wall time {fmt(report.get('wall_s'), '.1f')} s",
         "",
@@ -304,6 +310,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Why rows failed", ""]
         for r in failures:
             lines += [f"- **{r['name']}**: " + "; ".join(r["reasons"])]
+    lines += power_lines(report["rows"])
     proofs = [(r["name"], p) for r in report["rows"] for p in r["proofs"]]
     if proofs:
         status = {r["name"]: r["status"] for r in report["rows"]}
@@ -311,6 +318,7 @@ def markdown(report: dict[str, Any]) -> str:
                       "wrong; the verdict column says whether the row is right)", ""]
         lines += [f"- {name} / {p['feature']}: {acted_word(p)} — {p['detail']} (verdict: {status[name]})"
                   for name, p in proofs]
+    lines += further_outputs.lines(report)
     careful = [r for r in report["rows"] if r.get("speedup_caveats")]
     if careful:
         lines += ["", "## Speedups to read with care", ""]

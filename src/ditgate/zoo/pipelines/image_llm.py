@@ -8,6 +8,8 @@ Same conventions as `image_mmdit`: 4 heads, 32x32 images, seeded weights, eval m
 
 from __future__ import annotations
 
+import torch
+
 from ditgate.zoo.builders import _seeded
 from ditgate.zoo.pipelines import encoders as enc
 from ditgate.zoo.pipelines.image_dit import _qwen_image_parts
@@ -44,7 +46,8 @@ def build_nucleusmoe(seed: int = 0):
     """NucleusMoEImagePipeline: 3 single-stream blocks of diffusers' own layers, block 0 dense and blocks 1-2 MoE
     (4 packed SwiGLU experts as 3-D parameters, expert-choice routing over the whole sequence, a shared expert);
     image queries attend to image + text keys concatenated, with the text's padding mask (padded to a multiple of
-    8); a 4-layer Qwen3-VL text encoder whose tokenizer stands in for the processor (it takes the same text call)."""
+    8); a 4-layer Qwen3-VL text encoder whose tokenizer stands in for the processor (it takes the same text call).
+    The packed experts, which diffusers leaves uninitialised, get seeded weights."""
     from diffusers import FlowMatchEulerDiscreteScheduler, NucleusMoEImagePipeline, \
         NucleusMoEImageTransformer2DModel
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
@@ -53,6 +56,12 @@ def build_nucleusmoe(seed: int = 0):
         patch_size=2, in_channels=16, out_channels=4, num_layers=3, attention_head_dim=16, num_attention_heads=4,
         joint_attention_dim=32, axes_dims_rope=(4, 6, 6), dense_moe_strategy="leave_first_block_dense",
         num_experts=4, moe_intermediate_dim=32, capacity_factors=1.0))
+    generator = torch.Generator().manual_seed(seed + 3)
+    for module in transformer.modules():  # the packed experts are made with torch.empty: give them seeded weights
+        if type(module).__name__ == "SwiGLUExperts":
+            with torch.no_grad():
+                for p in (module.gate_up_proj, module.down_proj):
+                    p.copy_(0.02 * torch.randn(p.shape, generator=generator))
     tokenizer = enc.llm_tokenizer("qwen2")
     config = Qwen3VLConfig(
         text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,

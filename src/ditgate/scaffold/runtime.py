@@ -1,0 +1,124 @@
+"""Code a scaffolded plugin carries when its plans need more than a plan dict: an attention processor that routes the
+model's own processor's kernel call through cache-dit's `_dispatch_attention_fn` (with the CP config, and a joint
+key mask put in the order Ulysses' all-to-all gives the keys), and a wrapper that runs a sequence-dependent router on
+the whole sequence under CP. `HELPERS` is pasted into the plugin as it is; `write` decides whether it is used.
+"""
+
+HELPERS = '''
+# -- helpers written by `ditgate scaffold` (used by the plans below) ----------------------------------------------
+def _cp_config_of(transformer):
+    """The CP config cache-dit set on the transformer's attention processors (None without CP)."""
+    for module in transformer.modules():
+        processor = getattr(module, "processor", None)
+        config = getattr(processor, "_cp_config", None) or getattr(processor, "_parallel_config", None)
+        if config is not None:
+            return config
+    return None
+
+
+def _key_mask_in_gathered_order(mask, image_local, key_local, world, text_first):
+    """A key mask over [image, text] (or [text, image]) of the whole sequence, reordered as Ulysses' all-to-all
+    gathers the keys: each rank's own image share then its own text share, rank by rank."""
+    text_local = key_local - image_local
+    order = []
+    for r in range(world):
+        if text_first:  # the whole mask is [text, image]; each rank's keys are [its text, its image]
+            first = list(range(r * text_local, (r + 1) * text_local))
+            second = [text_local * world + i for i in range(r * image_local, (r + 1) * image_local)]
+        else:  # [image, text]; each rank's keys are [its image, its text]
+            first = list(range(r * image_local, (r + 1) * image_local))
+            second = [image_local * world + i for i in range(r * text_local, (r + 1) * text_local)]
+        order += first + second
+    index = torch.tensor(order, device=mask.device)
+    return mask.index_select(-1, index)
+
+
+class RoutedAttention:
+    """The model's own attention processor, its kernel call routed through cache-dit's `_dispatch_attention_fn` with
+    the CP config cache-dit sets on this processor, and a key mask over the joint sequence reordered for Ulysses."""
+
+    _attention_backend = None
+    _cp_config = None
+    _parallel_config = None
+
+    def __init__(self, inner, reorder_mask=True, text_first=False):
+        self.inner, self.reorder_mask, self.text_first = inner, reorder_mask, text_first
+        self.namespace = vars(sys.modules[type(inner).__module__])
+
+        def call(attn, *args, **kwargs):
+            return type(self).__call__(self, attn, *args, **kwargs)
+
+        # diffusers' Attention passes on only the keyword arguments its processor's signature names (RoPE, masks)
+        call.__signature__ = inspect.signature(inner.__call__)
+        self.__call__ = call
+
+    def __call__(self, attn, *args, **kwargs):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        cp = self._cp_config or self._parallel_config
+
+        def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+                   **ignored):
+            if attn_mask is not None and attn_mask.ndim == 2:
+                attn_mask = attn_mask[:, None, None, :]
+            if cp is not None and attn_mask is not None and self.reorder_mask and cp.ulysses_degree > 1:
+                attn_mask = _key_mask_in_gathered_order(attn_mask, hidden.shape[1], key.shape[1], cp.ulysses_degree,
+                                                        self.text_first)
+            extra = key.shape[1] - query.shape[1]
+            if cp is not None and extra > 0:  # cache-dit's Ulysses moves q, k and v with the query's shape: pad the
+                pad = query.new_zeros(query.shape[0], extra, *query.shape[2:])  # queries where the text keys sit
+                query = torch.cat([pad, query] if self.text_first else [query, pad], dim=1)
+            out = _dispatch_attention_fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, cp_config=cp)
+            if cp is not None and extra > 0:  # the padded queries' outputs are dropped
+                out = out[:, extra:] if self.text_first else out[:, :out.shape[1] - extra]
+            return out
+
+        name = "dispatch_attention_fn" if "dispatch_attention_fn" in self.namespace else None
+        if name is None:
+            raise NotImplementedError(f"{type(self.inner).__name__} calls no dispatch_attention_fn: route its "
+                                      "kernel call by hand")
+        original = self.namespace[name]
+        self.namespace[name] = kernel
+        try:
+            return self.inner(attn, *args, **kwargs)
+        finally:
+            self.namespace[name] = original
+
+
+def route_attention(modules, reorder_mask=True, text_first=False):
+    for attn in modules:
+        if not isinstance(attn.processor, RoutedAttention):
+            attn.set_processor(RoutedAttention(attn.processor, reorder_mask, text_first))
+
+
+class GatheredRouting:
+    """Runs a router whose choices depend on the whole sequence (expert-choice) on the whole sequence under CP: its
+    sequence-long inputs (dim 1) are gathered from the ranks, its output is cut back to this rank's share."""
+
+    def __init__(self, transformer, module):
+        self.transformer, self.forward = transformer, module.forward
+
+    def __call__(self, *args, **kwargs):
+        cp = _cp_config_of(self.transformer)
+        if cp is None:
+            return self.forward(*args, **kwargs)
+        group = cp._flattened_mesh.get_group()
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        local = next(a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.ndim >= 3).shape[1]
+
+        def whole(x):
+            if not (torch.is_tensor(x) and x.ndim >= 3 and x.shape[1] == local):
+                return x
+            parts = [torch.empty_like(x) for _ in range(world)]
+            dist.all_gather(parts, x.contiguous(), group=group)
+            return torch.cat(parts, dim=1)
+
+        out = self.forward(*[whole(a) for a in args], **{k: whole(v) for k, v in kwargs.items()})
+        return out[:, rank * local:(rank + 1) * local]
+
+
+def gather_routing(transformer, modules):
+    for module in modules:
+        if not isinstance(module.forward, GatheredRouting):
+            module.forward = GatheredRouting(transformer, module)
+'''

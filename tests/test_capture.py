@@ -1,0 +1,64 @@
+"""Capturing the steps never changes what a pipeline does (ditgate.core.steps, through the row probes).
+
+FluxPipeline subclasses of tests/pipelines/scheduler_pipelines.py on the zoo:flux weights: a scheduler deep-copied
+per stream (before: IndexError, the copy stepped the original scheduler), a shallow copy, a second scheduler of
+its own, and a loop that steps itself. Each call with the probes attached gives bit for bit the output of the same
+call without them; the steps of the pipeline's own scheduler are counted, no other's; the scheduler gets its class
+back afterwards. Full tier: a CP row of `ditgate run` passes on the deep-copying pipeline.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ditgate.core.model import Model
+from ditgate.run.exec.execute import generate
+from ditgate.run.exec.outputs import decoded
+from ditgate.run.exec.probes import Probes
+
+PIPELINES = Path(__file__).parent / "pipelines"
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def flux():
+    """zoo:flux's components, loaded once, and the request (32x32, 4 steps) every variant is called with."""
+    model = Model.open("zoo:flux", height=32, width=32, steps=STEPS)
+    return model.load().components, model.request
+
+
+@pytest.mark.parametrize("name, own_steps", [  # fast tier: the two copies, which failed before
+    ("SchedulerPerStream", STEPS), ("ShallowCopyPerStream", STEPS),
+    pytest.param("SeveralSchedulers", STEPS, marks=pytest.mark.full), pytest.param("StepsItself", 0, marks=pytest.mark.full)])
+def test_capture_leaves_the_pipeline_as_it_is(flux, name, own_steps, monkeypatch):
+    monkeypatch.syspath_prepend(str(PIPELINES))
+    import scheduler_pipelines
+
+    components, request = flux
+    pipe = getattr(scheduler_pipelines, name)(**components)
+    scheduler_class = type(pipe.scheduler)
+    plain, _ = decoded(generate(pipe, request, Probes()))  # no probes attached: nothing captured
+    probes = Probes().attach(pipe)
+    try:
+        captured, _ = decoded(generate(pipe, request, probes))
+    finally:
+        probes.detach()
+    assert type(pipe.scheduler) is scheduler_class and "step" not in vars(pipe.scheduler)
+    assert np.array_equal(plain, captured), f"{name}: the capture changed the output"
+    facts = probes.facts(STEPS)
+    assert facts["scheduler_steps"] == own_steps and facts["transformer_calls"] == STEPS
+    latents, source = probes.final_latents()
+    assert source == "callback" and latents.shape[1] == 64  # 32x32: 64 packed tokens
+    if own_steps:  # the scheduler saw the first stream only: its first half of the tokens
+        assert torch.equal(probes.scheduler_steps.last_sample, latents[:, :32])
+
+
+@pytest.mark.full
+def test_cp_row_runs_on_a_pipeline_that_copies_its_scheduler(tmp_path, run_cli, monkeypatch):
+    monkeypatch.syspath_prepend(str(PIPELINES))
+    code, out, err = run_cli("run", "zoo:flux", "--pipeline", "scheduler_pipelines:SchedulerPerStream", "--rows",
+                             "cp-ulysses-2", "--height", "32", "--width", "32", "--steps", str(STEPS),
+                             "--out", tmp_path / "run")
+    assert code == 0, out + err[-3000:]
