@@ -1,6 +1,6 @@
 """Every transformer the pipeline calls is covered: on Wan 2.2's two-expert pipeline (zoo:pipe/wan22, diffusers'
-WanPipeline with `transformer` before the boundary step and `transformer_2` after it), a plugin whose cache and CP
-act on the first expert only fails both rows with both transformers and the steps they serve named; the same plugin
+WanPipeline with `transformer` before the boundary step and `transformer_2` after it), a plugin whose cache, CP and
+TP act on the first expert only (its BlockAdapter lists one) fails the three rows with both transformers and the steps they serve named; the same plugin
 declaring the second `NOT_COVERED` passes with it reported "not covered"; a plugin covering both passes."""
 
 import json
@@ -12,8 +12,8 @@ PLUGINS = Path(__file__).parent / "plugins"
 pytestmark = pytest.mark.full  # three runs of two rows on a two-transformer video pipeline (about a minute each)
 
 
-def _rows(run_cli, tmp_path, plugin):
-    code, out, err = run_cli("run", "zoo:pipe/wan22", "--rows", "cache,cp-ulysses-2", "--twin", "off", "--steps", "8",
+def _rows(run_cli, tmp_path, plugin, rows="cache,cp-ulysses-2"):
+    code, out, err = run_cli("run", "zoo:pipe/wan22", "--rows", rows, "--twin", "off", "--steps", "8",
                              "--integration", PLUGINS / plugin, "--out", tmp_path / plugin, "--json")
     return code, {r["name"]: r for r in json.loads(out)["rows"]}
 
@@ -23,9 +23,9 @@ def _proof(row, feature):
 
 
 def test_caching_and_splitting_one_of_two_transformers_fails_naming_both(run_cli, tmp_path):
-    code, rows = _rows(run_cli, tmp_path, "wan22_one_transformer.py")
+    code, rows = _rows(run_cli, tmp_path, "wan22_one_transformer.py", "cache,cp-ulysses-2,tp-2")
     assert code == 1
-    for name, feature in (("cache", "cache"), ("cp-ulysses-2", "cp")):
+    for name, feature in (("cache", "cache"), ("cp-ulysses-2", "cp"), ("tp-2", "tp")):
         row, proof = rows[name], _proof(rows[name], feature)
         assert row["status"] == "failed" and not proof["passed"], proof
         assert proof["coverage"] == {"transformer": "acted", "transformer_2": "did not act"}

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.model.options import add_model_arguments, model_from
+from ditgate.commands.model.options import add_model_arguments, check_out_folder, model_from
 
 HELP = "write a passing integration file into a cache-dit tree as cache-dit's own code, and prove it there"
 
@@ -36,6 +36,7 @@ def main(args: argparse.Namespace) -> int:
         raise ExportError("--model MODEL is required")
     if not args.integration.is_file():
         raise ExportError(f"--integration {args.integration}: no such file")
+    check_out_folder(args.out)
     if args.model_id is not None:
         from ditgate.export.written import check_model_id
 

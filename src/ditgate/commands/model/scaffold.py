@@ -26,11 +26,12 @@ def main(args: argparse.Namespace) -> int:
     import time
 
     from ditgate.commands.model.inspect import _check_writable
-    from ditgate.commands.model.options import model_from
+    from ditgate.commands.model.options import check_out_folder, model_from
     from ditgate.inspect.anatomy import write_text_atomic
     from ditgate.scaffold.write import observe, plugin_source
 
     _check_writable(args.out)
+    check_out_folder(args.run_dir, "--run-dir")
     if not args.no_run:  # the rows are checked before the model is inspected and the plugin written
         from ditgate.run.define import rows
 
