@@ -210,3 +210,29 @@ def test_per_rank_tensor_is_not_blamed():
     assert not any(x["diverged"] for x in lines)
     cand["t.proj"] = summarize(torch.full((3,), 2.0))
     assert [x["diverged"] for x in compare_summaries(base, cand, 1e-4)] == [False, True]
+
+
+@pytest.mark.full
+def test_audio_video_pipeline_diff_reads_the_per_stream_declaration(zoo_path, tmp_path):
+    """zoo:tinyav returns frames and audio; its blocks return (video, audio) with CP_SPLIT_DIMS (1, None): the audio
+    kept whole. The correct plan shows no divergence (each block output read by its stream's declaration); a plan
+    that splits the audio too is named at the split, as a stream declared whole, not at the audio attention."""
+    from ditgate.core.model import Model
+    from ditgate.run.define import rows
+    from ditgate.run.diff.compare import DiffConfig, diff
+
+    chosen = {r.name: r for r in rows.select(rows.DEFAULT_ROWS, "cp-ulysses-2")}
+    examples = ROOT / "examples" / "tinyav"
+
+    def run(plugin, out):
+        model = Model.open(zoo_path("tinyav"), call={"audio_frames": 32})
+        return diff(DiffConfig(model=model, row=chosen["cp-ulysses-2"], baseline=chosen["baseline"],
+                               out=tmp_path / out, integration=examples / plugin, timeout=300))
+
+    good = run("integration.py", "good")
+    assert good["named"] is None, good["reason"]
+    assert all(not x["diverged"] for x in good["lines"])
+    bad = run("integration_audio_split.py", "bad")
+    assert bad["named"] == "transformer.blocks.0", bad["reason"]
+    assert bad["reason"].startswith("a stream CP_SPLIT_DIMS declares kept whole"), bad["reason"]
+    assert bad["split"]["attention"] == "transformer.blocks.0.audio_attn"

@@ -33,6 +33,7 @@ HELP = "keep a warm process (imports done, pipelines loaded) that run/diff/inspe
 IMPORT_ENV = ("HF_", "TRANSFORMERS_", "DIFFUSERS_", "CACHE_DIT", "DITGATE_", "TORCH", "CUDA_", "OMP_", "MKL_",
               "PYTHON", "TOKENIZERS_", "USE_HUB_KERNELS")
 WARM_COMMANDS = ("run", "diff", "inspect", "checklist")  # the commands whose pipeline the server keeps loaded
+MAX_IDLE = 10_000_000  # seconds (about 4 months): longer is no idle timeout, and inf overflows the socket's timeout
 CHILD_ENV = "DITGATE_IN_SERVER"  # set in the forked command: it never forwards again
 # the environment this process started with: the CLI imports this module before it sets its verbosity variables
 # and before torch sets its own, so a server compares what it was started with to what a client was started with
@@ -338,6 +339,6 @@ def stop() -> int:
 def main(args: argparse.Namespace) -> int:
     if args.stop:
         return stop()
-    if not args.idle > 0:
-        raise DitgateError(f"--idle must be a positive number of seconds, got {args.idle}")
+    if not 0 < args.idle <= MAX_IDLE:  # nan and inf too: a socket's timeout must fit the platform's time_t
+        raise DitgateError(f"--idle must be a positive number of seconds up to {MAX_IDLE:,}, got {args.idle}")
     return serve(args.idle, args.entry)

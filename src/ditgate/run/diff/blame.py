@@ -32,10 +32,11 @@ def roots(lines: list[dict]) -> set[str]:
             and x["module"].startswith("transformer")}
 
 
-def locate(lines: list[dict], first: int, tol: float, window: int, rerun) -> dict[str, Any]:
+def locate(lines: list[dict], first: int, tol: float, window: int, rerun,
+           declared: dict[str, Any] | None = None) -> dict[str, Any]:
     """The module to name, from the summary pass's `lines` and their `first` divergence. `rerun(full, inputs)` runs
     the second pass and returns the whole tensors it kept, (baseline, candidate): those of the keys in `full`, and
-    the first input of the modules in `inputs`."""
+    the first input of the modules in `inputs`; `declared`: the integration's CP_SPLIT_DIMS."""
     line = lines[first]
     if line["module"].split("[")[0] in roots(lines) and line["status"].startswith("shape"):
         split = [x for x in lines[:first] if x.get("gathered", "").startswith(GATHERED)]
@@ -59,7 +60,7 @@ def locate(lines: list[dict], first: int, tol: float, window: int, rerun) -> dic
         err = exact_metrics(bt[key_in], ct[key_in])
         caller = line.get("caller") or (module.rsplit(".", 1)[0] if "." in module else None)
         if err["rel"] > tol and caller:
-            split = wrongly_split(lines, now, caller)
+            split = wrongly_split(lines, now, caller, declared)
             if split is not None:
                 return {"first": line["module"], **split}
             named = caller
@@ -86,9 +87,25 @@ def _child(lines: list[dict], upto: int, caller: str, name: str) -> dict | None:
     return next((x for x in lines[:upto] if x.get("caller") == caller and x["module"] == f"{caller}.{name}"), None)
 
 
-def wrongly_split(lines: list[dict], now: int, attention: str) -> dict[str, Any] | None:
-    """The split to name when `attention` is a cross-attention whose key/value stream reached the ranks split (its
-    `to_k` output was gathered from pieces along the token dimension its queries do not share); None otherwise."""
+def _declared_whole(lines: list[dict], declared: dict[str, Any] | None) -> set[int]:
+    """Token counts (dim 1) of the block-output streams an integration's CP_SPLIT_DIMS declares kept whole, less
+    those of the streams it declares split."""
+    whole, split = set(), set()
+    for x in lines:
+        found = re.fullmatch(r"(\w+)\.(.+)\.\d+\[(\d+)\]", x["module"])
+        if not found or not declared or len(x.get("shape") or []) < 2:
+            continue
+        per_stream = declared.get(f"{found.group(1)}.{found.group(2)}", declared.get(found.group(2)))
+        if isinstance(per_stream, (tuple, list)) and int(found.group(3)) < len(per_stream):
+            (whole if per_stream[int(found.group(3))] is None else split).add(x["shape"][1])
+    return whole - split
+
+
+def wrongly_split(lines: list[dict], now: int, attention: str, declared: dict[str, Any] | None = None
+                  ) -> dict[str, Any] | None:
+    """The split to name when a stream `attention` needs whole reached the ranks split: the keys and values of a
+    cross-attention (its `to_k` output gathered from pieces along a token dimension its queries do not share), or a
+    stream the integration's CP_SPLIT_DIMS (`declared`) says is kept whole; None otherwise."""
     query, key = _child(lines, now, attention, "to_q"), _child(lines, now, attention, "to_k")
     if query is None or key is None or _child(lines, now, attention, "add_q_proj") is not None:
         return None  # not a (diffusers-style) attention, or a joint one: both streams are queries, split alike
@@ -96,8 +113,14 @@ def wrongly_split(lines: list[dict], now: int, attention: str) -> dict[str, Any]
     if dim is None or not key["gathered"].startswith(GATHERED) or len(key["shape"]) <= dim:
         return None  # its keys reached every rank whole
     tokens = key["shape"][dim]
-    if len(query["shape"]) > dim and query["shape"][dim] == tokens:
+    if tokens in _declared_whole(lines, declared):
+        why = (f"a stream CP_SPLIT_DIMS declares kept whole ({tokens} tokens along dim {dim}) reaches {attention} "
+               "split across the ranks")
+    elif len(query["shape"]) > dim and query["shape"][dim] == tokens:
         return None  # self-attention: keys and queries are one stream; splitting it is the CP plan's job
+    else:
+        why = (f"a replicated input split across the ranks: the keys and values of {attention} ({tokens} tokens "
+               f"along dim {dim}, a stream other than its queries) reach it split")
     same = [x for x in lines[:key["index"] + 1] if len(x.get("shape") or []) > dim and x["shape"][dim] == tokens
             and x.get("skipped") is None and x["status"] in ("identical", "differs")]
     whole = [x["index"] for x in same if not x.get("gathered", "").startswith(GATHERED)]
@@ -112,9 +135,7 @@ def wrongly_split(lines: list[dict], now: int, attention: str) -> dict[str, Any]
         named, walk = walk, callers.get(walk)
     return {"named": named, "split": {"tokens": tokens, "dim": dim, "attention": attention,
                                       "first_split": pieces["module"]}, "reason": (
-        f"a replicated input split across the ranks: the keys and values of {attention} ({tokens} tokens along dim "
-        f"{dim}, a stream other than its queries) reach it split, first seen split at {pieces['module']} and still "
-        f"whole on every rank before {named} was entered. Stitched back together ({key['gathered']}) the pieces equal "
-        f"the baseline's, but each rank's {attention} attends to its own piece only, so its output differs. Keep that "
-        f"input whole on every rank (no _ContextParallelInput for it at {named} in the CP plan), or gather it "
-        "before this attention")}
+        f"{why}, first seen split at {pieces['module']} and still whole on every rank before {named} was entered. "
+        f"Stitched back together ({key['gathered']}) the pieces equal the baseline's, but each rank's {attention} "
+        f"attends to its own piece only, so its output differs. Keep that input whole on every rank (no "
+        f"_ContextParallelInput for it at {named} in the CP plan), or gather it before this attention")}

@@ -214,7 +214,10 @@ def diff(cfg: DiffConfig) -> dict[str, Any]:
             f"the row raises inside {crash['module']} ({crash['error']}); every module before matches the baseline"))
     elif first is not None:
         rerun = lambda full, inputs: _pass(cfg, "full", full, inputs)[2:]  # noqa: E731
-        report.update(locate(lines, first, tol, cfg.window, rerun))
+        from ditgate.core import plugin
+
+        integration = plugin.load(cfg.integration)
+        report.update(locate(lines, first, tol, cfg.window, rerun, integration.cp_split_dims if integration else None))
     report["wall_s"] = round(time.perf_counter() - start, 2)
     write(cfg.out, report)
     return report

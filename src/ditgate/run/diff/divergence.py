@@ -24,6 +24,7 @@ the first divergence), `inputs=` those whose first input is kept too.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,6 +230,10 @@ class Recorder:
             from ditgate.run.judge.proofs import split_dim
 
             declared, said = split_dim(block, self.split_dims)
+            if isinstance(declared, (tuple, list)):  # per stream: the one this output is ("[1]": the second)
+                stream = re.match(r"\[(\d+)\]", key[len(key.split("[")[0]):])
+                declared = declared[int(stream.group(1))] if stream and int(stream.group(1)) < len(declared) else None
+                declared = "None (kept whole)" if declared is None else declared
             if said and declared != dim % t.dim():
                 self.notes[key] = (f"split on dim {dim} ({list(t.shape)} of {want}) where CP_SPLIT_DIMS declares "
                                    f"{declared} for {block.split('.', 1)[-1]}")

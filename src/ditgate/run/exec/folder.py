@@ -144,21 +144,22 @@ def _identity(cfg: Any) -> dict[str, Any]:
             "device": m.device, "integration": str(cfg.integration) if cfg.integration else None}
 
 
-def _refuse_links(run_dir: Path) -> None:
-    """A run writes only inside its folder: a symbolic link in it (a row folder linked elsewhere, a linked
-    result.json) would have --resume write, or remove, whatever it points at."""
+def refuse_links(run_dir: Path, doing: str = "resume") -> None:
+    """A run reads and writes only inside its folder: a symbolic link in it (a row folder linked elsewhere, a linked
+    result.json) would have --resume write, or remove, whatever it points at, and a copy of its rows copy it."""
     for folder, dirs, names in os.walk(run_dir):
         for name in sorted(dirs + names):
             path = Path(folder, name)
             if path.is_symlink():
-                raise RunFolderError(f"cannot resume {run_dir}: {path} is a symbolic link (to {os.readlink(path)}); "
-                                     "a run writes only inside its folder: remove the link, or choose another --out")
+                raise RunFolderError(f"cannot {doing} {run_dir}: {path} is a symbolic link (to {os.readlink(path)}); "
+                                     "a run reads and writes only inside its folder: remove the link, or choose "
+                                     "another folder")
 
 
 def check_resumable(run_dir: Path, cfg: Any) -> None:
     """Raise RunFolderError unless the run in `run_dir` has the model, request, dtype, device and integration of
     `cfg` (rows are checked one by one, by fingerprint, when they are resumed)."""
-    _refuse_links(run_dir)
+    refuse_links(run_dir)
     previous = read_run_json(run_dir)
     changed = [k for k, v in _identity(cfg).items() if previous.get(k) != v]
     if changed:
