@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU validation on one H200: a FLUX.1-dev-config transformer with random bf16 weights, 1024x1024, 28 steps.
-#   bash benchmarks/gpu_h200.sh build|matrix1|matrix2|phases|profile|rerun OUT_DIR
+#   bash benchmarks/gpu_h200.sh build|matrix1|matrix2|phases|profile|rerun|twin OUT_DIR
 # Needs diffusers 0.42.1 and cache-dit 1.5.3 importable (the GPU image has torch, transformers and the rest).
 set -euo pipefail
 step=$1; out=$2; mkdir -p "$out"
@@ -24,5 +24,8 @@ case $step in
   rerun)   python3 benchmarks/rerun.py $model --build --rows cache --dtype bf16 --device cuda --warmup 1 --server \
              --out /tmp/fluxdev-rerun > "$out/rerun.txt" 2>&1 || true
            cp /tmp/fluxdev-rerun/rerun.json "$out/" 2>/dev/null || true; tail -15 "$out/rerun.txt" ;;
+  twin)    python3 benchmarks/twin_overhead.py $model --device cuda --dtype bf16 --rows cache,tp-2 --build \
+             --out /tmp/twin_overhead > "$out/twin_overhead.txt" 2>&1 || true
+           cp /tmp/twin_overhead/twin_overhead.json "$out/" 2>/dev/null || true; tail -12 "$out/twin_overhead.txt" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     old = json.loads(args.out.read_text()) if args.out.is_file() else {"records": [], "runs": []}
     records = {r["model"]: r for r in old["records"]}
     command = "python benchmarks/twin_build.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    run = {"command": command, "machine": f"{os.cpu_count()} CPU cores ({platform.machine()})", "models": 0,
+    cores = f"{len(os.sched_getaffinity(0))} of {os.cpu_count()} CPU cores"  # a run pinned with taskset: its share
+    run = {"command": command, "machine": f"{cores} ({platform.machine()})", "models": 0,
            "wall_s": 0.0}
     runs = old["runs"] + [run]
     start = time.monotonic()

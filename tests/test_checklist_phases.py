@@ -98,3 +98,23 @@ def test_hybrid_checklist_passes_and_fails_a_wrong_tp_shard(tmp_path, run_cli):
     code, stdout, err = run_cli("checklist", "hybrid", "--model", "zoo:flux", "--out", tmp_path / "bad",
                                 "--integration", PLUGINS / "flux_tp_wrong_shard.py")
     assert code == 1 and "FAIL    hybrid-row" in stdout and "FAIL    tp-row" in stdout, stdout + err[-3000:]
+
+
+def test_checklist_takes_the_run_options_of_its_rows(tmp_path, run_cli):
+    for option, words in ((["--cache-dit", tmp_path], "no cache_dit package"),
+                          (["--cp-split-dims", "bogus"], "write LIST=DIM"), (["--seeds", "0"], "at least 1"),
+                          (["--prompts", tmp_path / "none.txt"], "none.txt")):
+        code, _, err = run_cli("checklist", "cache", "--model", "zoo:flux", "--out", tmp_path / "o", *option)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (option, err)
+
+
+@pytest.mark.full
+def test_cache_checklist_judges_the_cache_row_on_every_seed(tmp_path, run_cli):
+    import json
+
+    out = tmp_path / "run"
+    code, stdout, err = run_cli("checklist", "cache", "--model", "zoo:flux", "--seeds", "2", "--launch", "per-row",
+                                "--out", out)
+    assert code == 0, stdout + err[-3000:]
+    names = {r["name"] for r in json.loads((out / "report.json").read_text())["rows"]}
+    assert {"cache", "baseline"} < names and any(n.startswith("cache") and n != "cache" and "s1" in n for n in names)

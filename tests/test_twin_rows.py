@@ -134,3 +134,19 @@ def test_twin_mode_is_checked(run_cli, capsys):
     assert exit_.value.code == 2 and "--twin" in capsys.readouterr().err
     with pytest.raises(DitgateError, match="--twin 'sometimes'"):
         run(RunConfig(model=Model.open("zoo:flux"), rows=[], twin="sometimes"))
+
+
+@pytest.mark.full  # the twin's rows twice, once in a spawned process
+def test_twin_beside_the_model_gives_the_record_it_gives_first(zoo_path, tmp_path):
+    """On a GPU the twin runs beside the model's rows in a process of its own (no GPU visible there); the record it
+    sends back is the one it gives when it runs first in the run's own process, and a twin whose process dies is
+    inconclusive, never passed."""
+    model = Model.open("zoo:flux", dtype="bfloat16", height=64, width=64, steps=3)
+    cfg = RunConfig(model=model, rows=rows.select(rows.DEFAULT_ROWS, "cp-ulysses-2"), out=tmp_path, twin="auto")
+    first = twinned.start(cfg, tmp_path / "first", run, lambda line: None, beside=False)()
+    beside = twinned.start(cfg, tmp_path / "beside", run, lambda line: None, beside=True)()
+    assert beside["beside"] and beside["waited_s"] >= 0 and first["status"] == beside["status"] == "ran"
+    assert first["verdicts"] == beside["verdicts"] and beside["verdicts"]["cp-ulysses-2"]["status"] == "passed"
+    broken = RunConfig(model=model, rows=cfg.rows, out=tmp_path, twin="auto", integration=tmp_path / "missing.py")
+    record = twinned.start(broken, tmp_path / "broken", run, lambda line: None, beside=True)()
+    assert record["status"] != "ran" or record["verdicts"]["cp-ulysses-2"]["status"] != "passed", record

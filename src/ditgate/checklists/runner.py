@@ -91,6 +91,8 @@ class RunOptions:
     progress: Callable[[str], None] | None = None
     from_run: Path | None = None  # a `ditgate run` folder whose finished rows are reused (copied into `out`)
     cache_config: dict[str, Any] = field(default_factory=dict)  # --cache-config, as `ditgate run` takes it
+    launch: str = "once"  # --launch, as `ditgate run` takes it
+    variants: Callable[[list], list] | None = None  # --prompts / --seeds: the lossy rows' variants added to the rows
 
 
 def _row_outcome(row: dict[str, Any] | None, name: str) -> Outcome:
@@ -253,12 +255,13 @@ class _Session:
         if extra and BASELINE.name not in {r.name for r in chosen}:
             chosen.insert(0, BASELINE)
         chosen += [r for n, r in extra.items() if n not in {x.name for x in chosen}]
+        chosen = self.opts.variants(chosen) if self.opts.variants else chosen
         self.say(f"checklist: running rows {', '.join(r.name for r in chosen)}")
         o = self.opts
         if o.from_run is not None:
             copy_finished_rows(Path(o.from_run), run_dir, [r.name for r in chosen])
         cfg = RunConfig(model=o.model, rows=chosen, out=run_dir, integration=o.integration, timeout=o.timeout, twin=o.twin,
-                        resume=o.from_run is not None)
+                        resume=o.from_run is not None, launch=o.launch)
         self.ctx.report = run(cfg, progress=self.say)
         self.ctx.run_dir = Path(self.ctx.report["run_dir"])
         for c, i in self.items:
@@ -278,8 +281,9 @@ class _Session:
         names = list(dict.fromkeys(i.check["row"] for c, i in items))
         self.say(f"checklist: running rows {', '.join(names)} at {hw[0]}x{hw[1]} (in {folder})")
         rows = with_cache_config(select(DEFAULT_ROWS, names), o.cache_config)
+        rows = o.variants(rows) if o.variants else rows
         report = run(RunConfig(model=model, rows=rows, out=folder, integration=o.integration, timeout=o.timeout,
-                               twin=o.twin), progress=self.say)
+                               twin=o.twin, launch=o.launch), progress=self.say)
         sizes = self.ctx.anatomy["sizes"]
         at = f"{req.call.get('height')}x{req.call.get('width')}"
         for c, i in items:

@@ -123,8 +123,9 @@ class Runner:
         self._record(self.states[row.name], save_error(self.run_dir, row, {"message": message, **extra}))
 
     def run(self) -> dict[str, Any]:
-        if twinned.wanted(self.cfg.twin, self.model.dtype):  # structure first: the float32 twin, then the model
-            self.twin_record = twinned.run_twin(self.cfg, self.run_dir, run, self.progress)
+        twin = None
+        if twinned.wanted(self.cfg.twin, self.model.dtype):  # the float32 twin: first on a CPU, beside on a GPU
+            twin = twinned.start(self.cfg, self.run_dir, run, self.progress, self.model.device.startswith("cuda"))
         pending = []
         for row in self.cfg.rows:
             done = _done(self.run_dir, row, self.cfg.resume)
@@ -156,6 +157,8 @@ class Runner:
         self._sensitivity()
         self._cache_off()
         self._release()
+        if twin is not None:
+            self.twin_record = twin()
         return self.finish()
 
     def _reference_failed(self, row: Row) -> bool:

@@ -4,9 +4,10 @@ A bf16 run of a real model is judged against a calibrated noise floor, under whi
 can hide (a CP attention that ignores the CP config passed a bf16 row by 0.47 dB). The model's twin
 (`ditgate.twin`: the same classes and widths, a few blocks, seeded float32 weights, a call at which every feature
 acts) runs the same integration in float32, where the tensor rule separates a wrong integration from a right one by
-orders of magnitude. So when a run is not in float32 (`--twin auto`, the default) the runner first runs every
-structural row on the twin, on the CPU, in its own run folder (`RUN/twin/`), then the rows of the model itself; a
-row passes only when both pass, and the report shows both verdicts. `--twin only` runs the twin alone (the model's
+orders of magnitude. So when a run is not in float32 (`--twin auto`, the default) the runner runs every structural
+row on the twin, on the CPU, in its own run folder (`RUN/twin/`): first, when the model runs on the CPU too; beside
+the model's rows, in a process of its own, when the model runs on a GPU (`start`). A row passes only when both pass,
+and the report shows both verdicts. `--twin only` runs the twin alone (the model's
 weights need not be there: a folder of configs is enough), `--twin off` never builds one.
 
 What the twin judges of each row: exact rows (cp, tp, tep, vaep, hybrid; cache+CP against the cache row) their own
@@ -98,6 +99,63 @@ def run_twin(cfg, run_dir: Path, run: Callable, progress: Callable[[str], None])
     record["verdicts"] = {r["name"]: verdict(r) for r in report["rows"] if r["name"] in
                           {x.name for x in chosen if covers(x)}}
     return record
+
+
+def start(cfg, run_dir: Path, run: Callable, progress: Callable[[str], None], beside: bool) -> Callable[[], dict]:
+    """Start the twin rows of `cfg`; returns a function that gives their record (`run_twin`'s) when they are done.
+
+    `beside` (the model runs on a GPU): the twin runs in a process of its own, started now, with no GPU visible, so
+    its CPU rows overlap the model's GPU rows and the run waits only for what is left of them at the end (the
+    record's `waited_s`). Otherwise (the model on the CPU, where both would share the same cores) it runs here,
+    first: structure before numerics."""
+    if not beside:
+        record = run_twin(cfg, run_dir, run, progress)
+        return lambda: record
+    import multiprocessing
+    import os
+
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of this process's CUDA state
+    receiver, sender = context.Pipe(duplex=False)
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the twin's process and its ranks see no GPU
+    try:
+        process = context.Process(target=_beside, args=(cfg, run_dir, run, sender), name="ditgate-twin", daemon=True)
+        process.start()
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES")
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    sender.close()
+    progress("twin: running beside the model's rows, in a process of its own on the CPU")
+
+    def result() -> dict[str, Any]:
+        began = time.perf_counter()
+        try:
+            record = receiver.recv()
+        except (EOFError, OSError):
+            process.join(timeout=30)
+            record = {"mode": cfg.twin, "status": "inconclusive", "rows": [r.name for r in rows_for(cfg.rows)],
+                      "detail": f"the twin's process ended without a result (exit {process.exitcode})"}
+        process.join(timeout=120)  # it has sent its record: only its exit is left
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=10)
+        return record | {"beside": True, "waited_s": round(time.perf_counter() - began, 2)}
+
+    return result
+
+
+def _beside(cfg, run_dir: Path, run: Callable, sender) -> None:
+    """The twin's own process: run the twin rows and send their record back."""
+    from ditgate.core import logs
+
+    try:
+        record = run_twin(cfg, run_dir, run, lambda line: logs.progress(f"[twin] {line}"))
+    except BaseException as exc:  # noqa: BLE001 - whatever ends it, the run hears why
+        record = {"mode": cfg.twin, "status": "inconclusive", "detail": f"{type(exc).__name__}: {exc}"}
+    sender.send(record)
+    sender.close()
 
 
 def verdict(row: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,8 @@ _MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL", "
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from ditgate.commands.model.options import add_server_argument, add_junit_argument, add_model_arguments, add_twin_argument
+    from ditgate.commands.model.options import (add_junit_argument, add_model_arguments, add_row_arguments,
+                                                add_server_argument, add_twin_argument, add_variant_arguments)
     add_server_argument(parser)
 
     parser.add_argument("phase", metavar="PHASE", nargs="?",
@@ -34,6 +35,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-config", nargs="+", metavar="KEY=VALUE",
                         help="the cache rows' configuration, as `ditgate run --cache-config` takes it (e.g. "
                              "Fn_compute_blocks=2 max_warmup_steps=4): a cache phase that needs its own schedule")
+    add_row_arguments(parser)  # as `ditgate run` takes them: --cache-dit, --cp-split-dims, --launch
+    add_variant_arguments(parser)  # --prompts, --seeds: the lossy rows judged on more prompts and seeds
     parser.add_argument("--out", type=Path, help="run folder for the rows and the filled-in checklists (new or "
                         "empty; default: a new folder under runs/)")
     parser.add_argument("--from-run", type=Path, metavar="RUN",
@@ -111,11 +114,16 @@ def main(args: argparse.Namespace) -> int:
         raise DitgateError(f"--integration {args.integration}: no such file")
 
     checklists = [load(name) for name in _names(args.phase)]
+    from ditgate.commands.model.options import use_cache_dit_from, use_split_dims_from, with_variants
     from ditgate.run.define.rows import parse_cache_config
 
-    opts = RunOptions(model=model_from(args), integration=args.integration, twin=args.twin, out=args.out,
-                      timeout=args.timeout, from_run=args.from_run,
-                      cache_config=parse_cache_config(args.cache_config))
+    use_cache_dit_from(args)
+    use_split_dims_from(args)
+    model = model_from(args)
+    with_variants([], args, model)  # a bad --prompts file or --seeds exits 2 before anything runs
+    opts = RunOptions(model=model, integration=args.integration, twin=args.twin, out=args.out,
+                      timeout=args.timeout, from_run=args.from_run, cache_config=parse_cache_config(args.cache_config),
+                      launch=args.launch, variants=lambda rows: with_variants(rows, args, model))
     with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result
         filled = run_checklists(checklists, opts)
     paths = [write_filled(f) for f in filled]

@@ -73,6 +73,41 @@ def add_twin_argument(parser: argparse.ArgumentParser) -> None:
                              "pass; only: the twin alone (the model's weights are not needed); off: never")
 
 
+def add_row_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the rows take beyond the model, the integration and the cache configuration (run and checklist alike):
+    where cache-dit comes from, the CP split dimensions without an integration file, and how rows are launched."""
+    parser.add_argument("--cache-dit", type=Path, metavar="DIR",
+                        help="import cache-dit from DIR, the folder that holds the cache_dit package (a checkout's "
+                             "src/, an export's tree), here and in every rank; PYTHONPATH is honoured too, and the "
+                             "report names the folder cache-dit came from")
+    parser.add_argument("--cp-split-dims", metavar="LIST=DIM,...",
+                        help="without --integration: the dimension CP divides in what each block list returns, as "
+                             "an integration file's CP_SPLIT_DIMS says (e.g. spatial_blocks=1,temporal_blocks=0)")
+    parser.add_argument("--launch", choices=("once", "per-row"), default="once",
+                        help="once (default): the pipeline is loaded once per process and each row runs on a fresh "
+                             "copy of it, one worker group per world size; per-row: every row loads from disk and "
+                             "every multi-rank row starts its own torchrun group (the design before, to compare)")
+
+
+def use_cache_dit_from(args: argparse.Namespace) -> None:
+    """--cache-dit: import cache-dit from that folder here and in every rank (before anything imports it)."""
+    if args.cache_dit is not None:
+        from ditgate.core.paths import use_cache_dit
+
+        use_cache_dit(args.cache_dit)
+
+
+def use_split_dims_from(args: argparse.Namespace) -> None:
+    """--cp-split-dims: the CP proof's split dimensions, for this process and its ranks."""
+    if args.cp_split_dims:
+        import json
+        import os
+
+        from ditgate.core import plugin
+
+        os.environ[plugin.SPLIT_DIMS_ENV] = json.dumps(plugin.parse_split_dims(args.cp_split_dims))
+
+
 def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=Path, metavar="FILE",
                         help="judge the lossy rows (cache, quantization) on these prompts too: one per line, or a "

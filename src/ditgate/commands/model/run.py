@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 from ditgate.commands.model.options import (add_integration_argument, add_junit_argument, add_model_arguments,
-                                            add_server_argument,
-                                            add_twin_argument, add_variant_arguments, model_from, with_variants)
+                                            add_row_arguments, add_server_argument, add_twin_argument,
+                                            add_variant_arguments, model_from, use_cache_dit_from,
+                                            use_split_dims_from, with_variants)
 
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
@@ -24,13 +25,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "max_warmup_steps=4 residual_diff_threshold=0.05 Fn_compute_blocks=2, or mask=fast, "
                              "taylorseer=1)")
     add_integration_argument(parser)
-    parser.add_argument("--cache-dit", type=Path, metavar="DIR",
-                        help="import cache-dit from DIR, the folder that holds the cache_dit package (a checkout's "
-                             "src/, an export's tree), here and in every rank; PYTHONPATH is honoured too, and the "
-                             "report names the folder cache-dit came from")
-    parser.add_argument("--cp-split-dims", metavar="LIST=DIM,...",
-                        help="without --integration: the dimension CP divides in what each block list returns, as "
-                             "an integration file's CP_SPLIT_DIMS says (e.g. spatial_blocks=1,temporal_blocks=0)")
+    add_row_arguments(parser)
     add_twin_argument(parser)
     parser.add_argument("--out", type=Path, help="run folder (default: a new folder under runs/)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished rows")
@@ -45,10 +40,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed calls; the median is reported (default 1)")
     parser.add_argument("--no-diff", action="store_true",
                         help="do not diff a failed exact row against its baseline (see `ditgate diff`)")
-    parser.add_argument("--launch", choices=("once", "per-row"), default="once",
-                        help="once (default): the pipeline is loaded once per process and each row runs on a fresh "
-                             "copy of it, one worker group per world size; per-row: every row loads from disk and "
-                             "every multi-rank row starts its own torchrun group (the design before, to compare)")
     parser.add_argument("--json", action="store_true", help="print report.json instead of the table")
     add_junit_argument(parser)
     add_variant_arguments(parser)
@@ -74,10 +65,7 @@ def main(args: argparse.Namespace) -> int:
     from ditgate.run.runner import RunConfig, run
 
     junit.check_writable(args.junit)  # before any row runs: the file is written at the end
-    if args.cache_dit is not None:
-        from ditgate.core.paths import use_cache_dit
-
-        use_cache_dit(args.cache_dit)
+    use_cache_dit_from(args)
     base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
     chosen = rows_mod.with_cache_config(rows_mod.require_some(rows_mod.select(base, args.rows), args.rows),
                                       rows_mod.parse_cache_config(args.cache_config))
@@ -95,12 +83,7 @@ def main(args: argparse.Namespace) -> int:
                   "gated row uses its floor; a floor that comes out infinite or not finite is unusable, and the "
                   "report says the defaults were kept)")
         return 0
-    if args.cp_split_dims:
-        import os
-
-        from ditgate.core import plugin
-
-        os.environ[plugin.SPLIT_DIMS_ENV] = json.dumps(plugin.parse_split_dims(args.cp_split_dims))
+    use_split_dims_from(args)
     model = model_from(args)
     chosen = with_variants(chosen, args, model)
     cfg = RunConfig(model=model, rows=chosen, out=args.out, integration=args.integration, timeout=args.timeout,

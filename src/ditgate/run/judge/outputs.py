@@ -73,13 +73,14 @@ def judge(runner, state, base, load: Callable) -> None:
             found[name] = {"judged": False, "modality": modality, "why": f"the {modality} gate cannot measure "
                            f"output {name!r}: {exc}"}
             continue
-        found[name] = {"judged": True, "modality": modality, "floor": floor, **json_ready(verdict.to_dict())}
+        found[name] = {"judged": True, "modality": modality, "floor": floor, **json_ready(verdict.to_dict()),
+                       **{k: info[k] for k in ("item", "of") if k in info}}
         if exact:
             found[name]["note"] = "exact phase: the tensor rule applied to the output itself"
+            found[name]["reasons"] = [_own(reason) for reason in verdict.reasons]
         if not verdict.passed:
             state.verdict["passed"] = False
-            state.reasons.extend(f"{name} output ({modality}): {_own(reason) if exact else reason}"
-                                 for reason in verdict.reasons)
+            state.reasons.extend(f"{name} output ({modality}): {reason}" for reason in found[name]["reasons"])
     state.verdict["outputs"] = found
 
 
@@ -92,6 +93,18 @@ def _own(reason: str) -> str:
 def modalities(result: dict[str, Any] | None) -> list[str]:
     """The modalities of a stored row's further outputs (the runner adds the calibration row for an audio one)."""
     return [o["modality"] for o in ((result or {}).get("outputs") or {}).values() if o.get("modality")]
+
+
+def batch_line(report: dict[str, Any]) -> list[str]:
+    """report.md's line on a batch (several prompts or samples in one call): how many items, and that each was
+    gated against the baseline's same item; nothing for a batch of one."""
+    sizes = {out["of"] for row in report["rows"] for out in ((row.get("verdict") or {}).get("outputs") or {}).values()
+             if out.get("of")}
+    if not sizes:
+        return []
+    return [f"- batch of {max(sizes)}: every item compared with the baseline's same item, each under its modality's "
+            "gate (item 1 is the row's output and the grid; the others are listed under \"Every output of the "
+            "call\"); a row passes only when every item does"]
 
 
 def lines(report: dict[str, Any]) -> list[str]:

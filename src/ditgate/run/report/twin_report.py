@@ -35,8 +35,9 @@ def headline(report: dict[str, Any]) -> list[str]:
     unjudged = [r["name"] for r in judged if r["twin"]["status"] == "inconclusive"]
     state = ("structure proven on every row it judges" if not failed and not unjudged else
              f"FAILED on {', '.join(failed)}" if failed else f"could not judge {', '.join(unjudged)}")
-    return [f"- twin (float32, CPU, {size}): {state}; its report: {record.get('report')} "
-            f"({record.get('wall_s', 0):.1f} s)"]
+    when = (f"{record.get('wall_s', 0):.1f} s beside the model's rows, {record.get('waited_s', 0):.1f} s of them "
+            "waited for" if record.get("beside") else f"{record.get('wall_s', 0):.1f} s")
+    return [f"- twin (float32, CPU, {size}): {state}; its report: {record.get('report')} ({when})"]
 
 
 def section(report: dict[str, Any]) -> list[str]:
