@@ -24,7 +24,7 @@ def test_wan_plugin_splits_at_the_first_block_and_keeps_the_text_whole(run_cli, 
     assert '"blocks.0": {"hidden_states": _ContextParallelInput(split_dim=1, expected_dims=3' in text
     assert '"rope": {0: _ContextParallelInput(split_dim=1, expected_dims=4, split_output=True)' in text
     assert "cross attention" in text and "encoder_hidden_states\": _ContextParallel" not in text
-    assert "cache_dit.ForwardPattern.Pattern_2" in text and '"proj_out": _ContextParallelOutput' in text
+    assert "cache_dit.ForwardPattern.Pattern_2" in text and '"norm_out": _ContextParallelOutput' in text
     # Wan normalises q/k over all heads: its attention stays whole under TP, the feed-forward pair is sharded
     assert "`attn1` normalises q/k over all heads" in text and "attn1.to_q" not in text
     assert '"ffn.net.0.proj": ColwiseParallel(), "ffn.net.2": RowwiseParallel()' in text
@@ -132,3 +132,27 @@ def test_nucleusmoe_plugin_passes_and_each_opposite_choice_fails_the_named_row(r
         report = json.loads((tmp_path / name / "report.json").read_text())
         (row,) = [r for r in report["rows"] if r["name"] == "cp-ulysses-2"]
         assert code == 1 and row["status"] in ("failed", "error"), (name, row["status"])  # text whole: a crash
+
+
+@pytest.mark.full
+def test_ltx_i2v_per_token_timestep_built_in_forward_is_split_at_every_block(run_cli, tmp_path):
+    """LTX-Video I2V holds the first frame with a per-token timestep: its forward builds `temb` [B, tokens, 6 x dim]
+    (a view of `time_embed`'s output, so no module makes it) and hands it to every block, and scales the output by a
+    per-token table after the blocks. The scaffold splits `temb` at every block, gathers at `norm_out` (before that
+    scale), and runs the masked cross-attention without the CP config; `temb` left whole fails cp-ulysses-2."""
+    out = tmp_path / "ltx.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/ltx-i2v", "--out", out, "--rows", "cp-ulysses-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    entry = '        "transformer_blocks.*": {"temb": _ContextParallelInput(split_dim=1, expected_dims=3, ' \
+            'split_output=False)},\n'
+    assert entry in text and '"norm_out": _ContextParallelOutput(gather_dim=1' in text
+    assert "route_attention([block.attn2 for block in transformer.transformer_blocks], local=True)" in text
+    plugin = tmp_path / "temb_whole.py"
+    plugin.write_text(text.replace(entry, ""))
+    code, _, _ = run_cli("run", "zoo:pipe/ltx-i2v", "--rows", "cp-ulysses-2", "--integration", plugin,
+                         "--dtype", "float32", "--out", tmp_path / "temb_whole", "-q")
+    (row,) = [r for r in json.loads((tmp_path / "temb_whole" / "report.json").read_text())["rows"]
+              if r["name"] == "cp-ulysses-2"]
+    assert code == 1 and row["status"] in ("failed", "error"), row["status"]

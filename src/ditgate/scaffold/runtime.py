@@ -35,14 +35,15 @@ def _key_mask_in_gathered_order(mask, image_local, key_local, world, text_first)
 
 class RoutedAttention:
     """The model's own attention processor, its kernel call routed through cache-dit's `_dispatch_attention_fn` with
-    the CP config cache-dit sets on this processor, and a key mask over the joint sequence reordered for Ulysses."""
+    the CP config cache-dit sets on this processor, and a key mask over the joint sequence reordered for Ulysses;
+    `local`: without the CP config (cross-attention whose keys stay whole on every rank)."""
 
     _attention_backend = None
     _cp_config = None
     _parallel_config = None
 
-    def __init__(self, inner, reorder_mask=True, text_first=False):
-        self.inner, self.reorder_mask, self.text_first = inner, reorder_mask, text_first
+    def __init__(self, inner, reorder_mask=True, text_first=False, local=False):
+        self.inner, self.reorder_mask, self.text_first, self.local = inner, reorder_mask, text_first, local
         self.namespace = vars(sys.modules[type(inner).__module__])
 
         def call(attn, *args, **kwargs):
@@ -54,7 +55,7 @@ class RoutedAttention:
 
     def __call__(self, attn, *args, **kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
-        cp = self._cp_config or self._parallel_config
+        cp = None if self.local else (self._cp_config or self._parallel_config)  # local: keys whole on every rank
 
         def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
                    **ignored):
@@ -85,10 +86,10 @@ class RoutedAttention:
             self.namespace[name] = original
 
 
-def route_attention(modules, reorder_mask=True, text_first=False):
+def route_attention(modules, reorder_mask=True, text_first=False, local=False):
     for attn in modules:
         if not isinstance(attn.processor, RoutedAttention):
-            attn.set_processor(RoutedAttention(attn.processor, reorder_mask, text_first))
+            attn.set_processor(RoutedAttention(attn.processor, reorder_mask, text_first, local))
 
 
 class GatheredRouting:
