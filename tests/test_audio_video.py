@@ -64,6 +64,12 @@ def test_every_output_is_saved_and_gated_and_a_correct_plugin_passes(run_cli, tm
     assert "calibration" in rows  # an audio output is judged against the calibration row's floor
     report = (tmp_path / "good" / "report.md").read_text()
     assert "## Every output of the call" in report and "tp-2 / audio (audio gate)" in report
+    import jsonschema
+
+    from ditgate.core.paths import checklists_dir
+
+    jsonschema.validate(json.loads((tmp_path / "good" / "report.json").read_text()),
+                        json.loads((checklists_dir() / "report.schema.json").read_text()))
 
 
 @FULL

@@ -59,10 +59,12 @@ def test_planned_counts_the_rows_the_runner_adds():
     from ditgate.run.define import rows
 
     chosen = rows.select(rows.DEFAULT_ROWS, "cache")  # baseline, cache
-    # + both sensitivity rows (the cache gate is lossy) + the caching-off twin; in bf16 also the calibration row
-    assert progress.planned(chosen, 8, "float32", "diffusers.FluxPipeline", None) == 5
-    assert progress.planned(chosen, 8, "bfloat16", "diffusers.FluxPipeline", None) == 6
-    assert progress.planned(chosen, 8, "float32", "diffusers.StableAudioPipeline", None) == 6
+    # + the coarse sensitivity row (the cache gate is lossy) + the caching-off twin; in bf16 also the calibration row
+    assert progress.planned(chosen, 8, "float32", "diffusers.FluxPipeline", None) == 4
+    assert progress.planned(chosen, 8, "bfloat16", "diffusers.FluxPipeline", None) == 5
+    assert progress.planned(chosen, 8, "float32", "diffusers.StableAudioPipeline", None) == 5
+    both = rows.select(rows.DEFAULT_ROWS, "cache,tp-2")  # an exact gate too: the fault-sized row as well
+    assert progress.planned(both, 8, "float32", "diffusers.FluxPipeline", None) == 6
     cp = rows.select(rows.DEFAULT_ROWS, "cp-ulysses-2")  # an exact gate in float32: the fault-sized row alone
     assert progress.planned(cp, 8, "float32", "diffusers.FluxPipeline", None) == 3
     assert progress.planned(cp, 8, "bfloat16", "diffusers.FluxPipeline", None) == 5  # + coarse + calibration

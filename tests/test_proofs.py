@@ -91,6 +91,10 @@ def test_tp_proof_fails_a_second_transformer_left_unsharded():
     assert not proof.passed and proof.detail.startswith("tp acted on transformer (10 calls"), proof.detail
     (proof,) = proofs.check(TP, facts | {"not_covered": {"tp": ["transformer_2"]}}, BASELINE, {})
     assert proof.passed and "transformer: 12 weights sharded" in proof.detail
+    facts["sharded"]["transformer_2"]["sharded"] = 12
+    (proof,) = proofs.check(TP, facts, BASELINE, {})
+    assert proof.passed and proof.detail.endswith(
+        "transformer (10 calls, steps 0-4), transformer_2 (22 calls, steps 5-15): each sharded"), proof.detail
 
 
 @pytest.mark.parametrize("bad", [[1], {"cp": "transformer_2"}, {"vae": ["transformer_2"]}, {"cache": [""]}])

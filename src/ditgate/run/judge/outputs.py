@@ -77,10 +77,10 @@ def judge(runner, state, base, load: Callable) -> None:
                        **{k: info[k] for k in ("item", "of") if k in info}}
         if exact:
             found[name]["note"] = "exact phase: the tensor rule applied to the output itself"
+            found[name]["reasons"] = [_own(reason) for reason in verdict.reasons]
         if not verdict.passed:
             state.verdict["passed"] = False
-            state.reasons.extend(f"{name} output ({modality}): {_own(reason) if exact else reason}"
-                                 for reason in verdict.reasons)
+            state.reasons.extend(f"{name} output ({modality}): {reason}" for reason in found[name]["reasons"])
     state.verdict["outputs"] = found
 
 

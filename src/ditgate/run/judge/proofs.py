@@ -251,7 +251,7 @@ def _sharded(feature: str, facts: dict[str, Any], components: list[str], every: 
     wrong = [w for v in found.values() for w in v["wrong_size"]]
     if total == 0:
         return Proof(feature, False, f"no weight of {', '.join(components) or 'the component'} is a sharded DTensor")
-    states = None
+    states, each = None, ""
     if every:
         called = facts.get("calls_by_transformer")
         acted = {n: bool(v["sharded"]) for n, v in found.items() if called is None or called.get(n)}
@@ -259,10 +259,11 @@ def _sharded(feature: str, facts: dict[str, Any], components: list[str], every: 
         if problem:
             return Proof(feature, False, problem + "; " + ", ".join(
                 f"{n}: {v['sharded']} weights sharded" for n, v in found.items() if n in acted), states)
+        each = _each(acted, facts, "sharded")
     if wrong:
         return Proof(feature, False, f"shards of the wrong size: {', '.join(wrong[:5])}", states)
     return Proof(feature, True, ", ".join(f"{name}: {v['sharded']} weights sharded" for name, v in found.items()
-                                          if v["sharded"]) + _not_covered(states or {}), states)
+                                          if v["sharded"]) + each + _not_covered(states or {}), states)
 
 
 def _vae(facts: dict[str, Any], base: dict[str, Any]) -> Proof:
