@@ -107,6 +107,8 @@ def test_checklist_takes_the_run_options_of_its_rows(tmp_path, run_cli):
                           (["--prompts", tmp_path / "none.txt"], "none.txt")):
         code, _, err = run_cli("checklist", "cache", "--model", "zoo:flux", "--out", tmp_path / "o", *option)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (option, err)
+    code, _, err = run_cli("checklist", "compile", "--model", "zoo:flux")  # a phase judged by `ditgate matrix`
+    assert code == 2 and "rows of `ditgate matrix`" in err and "hybrid" in err
 
 
 @pytest.mark.full
