@@ -4,7 +4,8 @@ Runs, as a user would (a fresh command each, timed from the outside):
 1. `ditgate scaffold MODEL --out PLUGIN --run-dir OUT/scaffold` (inspect on the call, write the plugin, run its rows);
 2. `ditgate run MODEL --rows ROWS --integration PLUGIN --out OUT/rows` (the same rows with the written plugin).
 Prints each wall time, the ratio (what inspecting and writing add to the rows), every row's verdict in both runs,
-and the load average before and after (the machine is shared: read the numbers with the load beside them).
+and the load average before and after (the machine is shared: read the numbers with the load beside them). Both
+commands run with the result store off (`DITGATE_REUSE=off`), so neither reuses stored reference rows.
 The target (issue 34) is scaffold + rows within 2 minutes on the 2-core CPU for a zoo model.
 
     python benchmarks/scaffold_time.py zoo:wan
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     plugin = out / "plugin.py"
     ditgate = [sys.executable, "-m", "ditgate"]
+    os.environ["DITGATE_REUSE"] = "off"  # each command computes every row (no stored reference rows reused)
     load_before = os.getloadavg()
     scaffold_s, scaffold_rc, scaffold_tail = _timed(
         ditgate + ["scaffold", args.model, "--out", str(plugin), "--rows", args.rows, "--run-dir",

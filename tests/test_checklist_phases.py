@@ -14,6 +14,7 @@ builds, a checklist per phase (hybrid), and rows at the size each needs (VAE-P w
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ditgate.checklists.context import Context
 from ditgate.checklists.named import CHECKS
@@ -106,6 +107,8 @@ def test_checklist_takes_the_run_options_of_its_rows(tmp_path, run_cli):
                           (["--prompts", tmp_path / "none.txt"], "none.txt")):
         code, _, err = run_cli("checklist", "cache", "--model", "zoo:flux", "--out", tmp_path / "o", *option)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (option, err)
+    code, _, err = run_cli("checklist", "compile", "--model", "zoo:flux")  # a phase judged by `ditgate matrix`
+    assert code == 2 and "rows of `ditgate matrix`" in err and "hybrid" in err
 
 
 @pytest.mark.full
@@ -116,5 +119,7 @@ def test_cache_checklist_judges_the_cache_row_on_every_seed(tmp_path, run_cli):
     code, stdout, err = run_cli("checklist", "cache", "--model", "zoo:flux", "--seeds", "2", "--launch", "per-row",
                                 "--out", out)
     assert code == 0, stdout + err[-3000:]
+    filled = yaml.safe_load((out / "checklist-cache.yaml").read_text())
+    assert filled["run"]["command"].endswith("--launch per-row --seeds 2")  # the command that makes it again
     names = {r["name"] for r in json.loads((out / "report.json").read_text())["rows"]}
     assert {"cache", "baseline"} < names and any(n.startswith("cache") and n != "cache" and "s1" in n for n in names)

@@ -236,3 +236,54 @@ def test_audio_video_pipeline_diff_reads_the_per_stream_declaration(zoo_path, tm
     assert bad["named"] == "transformer.blocks.0", bad["reason"]
     assert bad["reason"].startswith("a stream CP_SPLIT_DIMS declares kept whole"), bad["reason"]
     assert bad["split"]["attention"] == "transformer.blocks.0.audio_attn"
+
+
+def _record_on_two_ranks(rank, port, reference, result):
+    import torch
+    import torch.distributed as dist
+
+    from ditgate.run.diff.divergence import Recorder
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        recorder = Recorder(reference=reference)
+        # a mask built per rank over its local queries and keys (6 of 12 each way): no gather along one dim makes it
+        recorder._keep("t.attn:attention_mask", torch.ones(1, 1, 6, 6))
+        # a sequence split in halves: gathered along dim 1
+        recorder._keep("t.proj", torch.arange(6.0).reshape(1, 6, 1) + 6 * rank)
+        if rank == 0:
+            result.update(summaries=recorder.summaries, notes=recorder.notes)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_per_rank_tensor_on_two_ranks_is_not_compared_and_a_split_one_is_gathered():
+    """On two gloo ranks: the recorder gathers a tensor split along one dimension and marks one that no such gather
+    makes whole (a per-rank mask) as per rank; the comparison lists the mask as not compared and never as diverged."""
+    import multiprocessing
+    import socket
+
+    import torch
+
+    from ditgate.run.diff.divergence import compare_summaries, summarize
+
+    base = {"t.attn:attention_mask": summarize(torch.ones(1, 1, 12, 12)),
+            "t.proj": summarize(torch.arange(12.0).reshape(1, 12, 1))}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Manager() as manager:
+        result = manager.dict()
+        procs = [ctx.Process(target=_record_on_two_ranks, args=(r, port, base, result)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert all(p.exitcode == 0 for p in procs)
+        cand, notes = dict(result["summaries"]), dict(result["notes"])
+    assert cand["t.attn:attention_mask"]["per_rank"] and notes["t.attn:attention_mask"].startswith("per rank")
+    assert notes["t.proj"] == "concatenated along dim 1"
+    lines = compare_summaries(base, cand, 1e-4)
+    assert [x["status"] for x in lines] == ["not compared", "identical"]
+    assert not any(x["diverged"] for x in lines)

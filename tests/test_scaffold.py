@@ -25,6 +25,7 @@ def test_wan_plugin_splits_at_the_first_block_and_keeps_the_text_whole(run_cli, 
     assert '"rope": {0: _ContextParallelInput(split_dim=1, expected_dims=4, split_output=True)' in text
     assert "cross attention" in text and "encoder_hidden_states\": _ContextParallel" not in text
     assert "cache_dit.ForwardPattern.Pattern_2" in text and '"norm_out": _ContextParallelOutput' in text
+    assert 'CP_SPLIT_DIMS = {"blocks": 1}' in text  # read from what the blocks return
     # Wan normalises q/k over all heads: its attention stays whole under TP, the feed-forward pair is sharded
     assert "`attn1` normalises q/k over all heads" in text and "attn1.to_q" not in text
     assert '"ffn.net.0.proj": ColwiseParallel(), "ffn.net.2": RowwiseParallel()' in text

@@ -60,7 +60,9 @@ def checklist_path(name: str) -> Path:
         return path
     path = checklists_dir() / f"{name}.yaml"
     if not path.is_file():
-        raise ChecklistError(f"no checklist {name!r}; available: {', '.join(available())}")
+        elsewhere = ("; the quantization and compile phases are rows of `ditgate matrix` (its checklist: "
+                     "perf-matrix)") if name in ("quantization", "compile") else ""
+        raise ChecklistError(f"no checklist {name!r}; available: {', '.join(available())}{elsewhere}")
     return path
 
 

@@ -93,6 +93,7 @@ class RunOptions:
     cache_config: dict[str, Any] = field(default_factory=dict)  # --cache-config, as `ditgate run` takes it
     launch: str = "once"  # --launch, as `ditgate run` takes it
     variants: Callable[[list], list] | None = None  # --prompts / --seeds: the lossy rows' variants added to the rows
+    row_args: list[str] = field(default_factory=list)  # those options as given, for the reproducing command
 
 
 def _row_outcome(row: dict[str, Any] | None, name: str) -> Outcome:
@@ -361,7 +362,9 @@ def reproduce_command(names: list[str], opts: RunOptions) -> str:
     if req.image and req.image != "generated":
         words += ["--image", req.image]
     words += ["--seed", str(req.seed), "--dtype", model.dtype, "--device", model.device]
-    return shlex.join(words)
+    if opts.cache_config:
+        words += ["--cache-config", *(f"{k}={_as_option(v)}" for k, v in opts.cache_config.items())]
+    return shlex.join(words + list(opts.row_args))
 
 
 def fill(checklist: Checklist, outcomes: dict[tuple[str, str], Outcome], run_info: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ decision is a comment naming the observation behind it; where another choice is 
 from __future__ import annotations
 
 import inspect as pyinspect
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +139,21 @@ def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], 
     return plan, notes
 
 
+def _split_dims(a, transformer: str, lists: list) -> list[str]:
+    """`CP_SPLIT_DIMS` (the dimension CP divides in what each block list returns, which ditgate's CP proof checks):
+    read from each list's observed output, the dimension as long as the split sequence (the second by default)."""
+    dims, why = {}, []
+    for b in lists:
+        layout = a.traits.list_layouts.get(f"{transformer}.{b.attribute}", "")
+        shape = [int(x) for x in re.findall(r"\d+", layout.split("]")[0])] if layout.startswith("tensor[") else []
+        found = [d for d, n in enumerate(shape) if n == a.sequence.image_tokens]
+        dims[b.attribute] = 1 if not found or 1 in found else found[0]
+        why.append(f"`{b.attribute}` returns {layout or 'an unobserved layout'}")
+    body = ", ".join(f'"{k}": {v}' for k, v in dims.items())
+    return [f"# the dimension CP divides in what each block list returns ({'; '.join(why)})",
+            f"CP_SPLIT_DIMS = {{{body}}}"]
+
+
 def plugin_source(observed: Observed) -> str:
     """The plugin file's text."""
     a = observed.anatomy
@@ -176,7 +192,7 @@ def plugin_source(observed: Observed) -> str:
               f"                                  forward_pattern=[{patterns}], "
               f"has_separate_cfg={a.has_separate_cfg})", "", ""]
     entries, notes, code = _cp(observed, transformer, lists[0])
-    switches = []
+    switches = _split_dims(a, transformer, lists)
     if any("REORDER_MASK" in c for c in code):
         switches.append("REORDER_MASK = True  # the joint key mask in Ulysses' gathered order (see cp_plan)")
     if any("gather_routing" in c for c in code):

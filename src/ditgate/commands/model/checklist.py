@@ -95,6 +95,18 @@ def render(filled: dict, path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _row_args(args: argparse.Namespace) -> list[str]:
+    """The row options given, as words of the reproducing command."""
+    words = []
+    for option, value in (("--cache-dit", args.cache_dit), ("--cp-split-dims", args.cp_split_dims),
+                          ("--prompts", args.prompts)):
+        if value is not None:
+            words += [option, str(value)]
+    if args.launch != "once":
+        words += ["--launch", args.launch]
+    return words + (["--seeds", str(args.seeds)] if args.seeds != 1 else [])
+
+
 def main(args: argparse.Namespace) -> int:
     from ditgate.core.errors import DitgateError
 
@@ -123,7 +135,8 @@ def main(args: argparse.Namespace) -> int:
     with_variants([], args, model)  # a bad --prompts file or --seeds exits 2 before anything runs
     opts = RunOptions(model=model, integration=args.integration, twin=args.twin, out=args.out,
                       timeout=args.timeout, from_run=args.from_run, cache_config=parse_cache_config(args.cache_config),
-                      launch=args.launch, variants=lambda rows: with_variants(rows, args, model))
+                      launch=args.launch, variants=lambda rows: with_variants(rows, args, model),
+                      row_args=_row_args(args))
     with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result
         filled = run_checklists(checklists, opts)
     paths = [write_filled(f) for f in filled]
