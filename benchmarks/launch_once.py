@@ -27,7 +27,7 @@ import numpy as np
 
 DESIGNS = ("per-row", "once")
 TIMING_KEYS = {"latency_s", "times", "speedup", "prediction", "peak_memory_bytes", "generate_s", "overhead",
-               "resumed", "reused_from", "speedup_caveats"}
+               "resumed", "reused_from", "speedup_caveats", "warmup_calls"}  # warm-up: how a row was timed
 OVERHEAD = ("launch_s", "load_s", "restore_s", "setup_s")
 
 

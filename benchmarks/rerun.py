@@ -46,8 +46,8 @@ def main() -> int:
     parser.add_argument("model", help="zoo:NAME or a pipeline folder")
     parser.add_argument("--rows", required=True, help="the rows an integrator reruns (e.g. cp-ulysses-2, cache)")
     parser.add_argument("--out", type=Path, default=Path("runs/rerun"))
-    parser.add_argument("--server", action="store_true", help="also run it twice more on a `ditgate serve` "
-                        "started here: the first loads the pipeline into it, the second finds it kept")
+    parser.add_argument("--server", action="store_true", help="then the same pair again, from an empty store, on a "
+                        "`ditgate serve` started here (imports done; on CPU the pipeline kept)")
     parser.add_argument("--build", action="store_true", help="write the FLUX.1-dev-config folder MODEL first "
                         "when it is missing (benchmarks/flux_dev_random.py)")
     args, extra = parser.parse_known_args()
@@ -65,14 +65,15 @@ def main() -> int:
         folder = args.out / f"{name}-{stamp}"
         runs[name] = (folder, run_once(args.model, "once", folder, ["--rows", args.rows, *extra, "--server", "off"]))
         load.append(os.getloadavg()[0])
-    if args.server:  # a third run, the same again, on a warm `ditgate serve` started (and stopped) here
+    if args.server:  # the pair again on a warm `ditgate serve` started (and stopped) here
         server = subprocess.Popen([sys.executable, "-m", "ditgate", "serve", "--idle", "900"], stderr=subprocess.PIPE,
                                   text=True)
         try:
             while "listening" not in server.stderr.readline():
                 if server.poll() is not None:
                     raise SystemExit("ditgate serve did not start")
-            for name in ("server-first", "server"):  # the first loads the pipeline into the server, which keeps it
+            shutil.rmtree(store, ignore_errors=True)  # the pair again, from an empty store, on the server
+            for name in ("server-first", "server"):
                 folder = args.out / f"{name}-{stamp}"
                 runs[name] = (folder, run_once(args.model, "once", folder, ["--rows", args.rows, *extra]))
         finally:
@@ -80,6 +81,9 @@ def main() -> int:
             server.wait(timeout=60)
     (a, first), (b, second) = runs["first"], runs["second"]
     diff = differences(first["report"], second["report"], a, b)
+    for name in ("server-first", "server"):  # the server's runs: the same verdicts and numbers as the first
+        if name in runs:
+            diff += [f"{name}: {d}" for d in differences(first["report"], runs[name][1]["report"], a, runs[name][0])]
     chosen = [r for r in args.rows.split(",") if r]
     s1, s2 = summary(first, chosen), summary(second, chosen)
     own = sum(v or 0.0 for v in s2["rows_generate_s"].values())
@@ -88,9 +92,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     shown = [("first", s1), ("second, no server", s2)]
     if "server" in runs:
-        shown.append(("again, on a new server (imports done; loads the pipeline)",
-                      summary(runs["server-first"][1], chosen)))
-        shown.append(("again, with the server (imports done, pipeline kept)", summary(runs["server"][1], chosen)))
+        shown.append(("first, with the server (empty store)", summary(runs["server-first"][1], chosen)))
+        shown.append(("second, with the server", summary(runs["server"][1], chosen)))
     for name, s in shown:
         rows = ", ".join(f"{k} {v:.2f}" for k, v in s["rows_generate_s"].items() if v is not None)
         print(f"| {name} | {s['wall_s']:.1f} | {s['generate_s']:.1f} | {s['load_s'] or 0:.1f} | {rows} | "
@@ -103,8 +106,9 @@ def main() -> int:
         if s3["generate_s"]:
             print(f"second with server / every generation it performed (rows and their checks): "
                   f"{s3['wall_s'] / s3['generate_s']:.2f} (GPU target <= 2)")
-    print(f"first / (its generations + load): {s1['wall_s'] / (s1['generate_s'] + (s1['load_s'] or 0)):.2f} "
-          "(GPU target: <= 1.2)")
+    for name, s in (("first", s1), *((("first with the server", shown[2][1]),) if "server" in runs else ())):
+        print(f"{name} / (its generations + load): {s['wall_s'] / (s['generate_s'] + (s['load_s'] or 0)):.2f} "
+              "(GPU target: <= 1.2)")
     print(f"store on disk: {size / 2**20:.2f} MiB in {store}")
     print(f"1-minute load average {', '.join(f'{x:.1f}' for x in load)} (machine of {os.cpu_count()} CPUs)")
     print("identical verdicts and numbers except timings: " + ("yes" if not diff else "NO\n" + "\n".join(diff)))

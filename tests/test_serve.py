@@ -131,3 +131,34 @@ def test_a_kept_pipeline_is_the_one_a_load_gives(zoo_path, tmp_path):
     config.write_text(config.read_text().replace("{", '{"edited": 1, ', 1))
     assert loader.load(folder, "float32", "cpu") is not None and warm.kept()  # changed folder: the kept one unused
     warm.drop()
+
+
+@pytest.mark.full  # a server's start and three runs
+def test_a_command_run_in_the_server_gives_the_fresh_result_and_gives_back_its_streams(zoo_path, tmp_path):
+    """`--inline` (what a GPU command always gets: a forked child cannot use the CUDA state the imports made): the
+    command runs in the server's own process on the client's streams and folder; its result is a fresh process's,
+    and the server, its streams and environment put back, serves the next command the same."""
+    zoo = zoo_path("flux")
+    home = tmp_path / "home"
+    home.mkdir()
+    os.symlink(Path(zoo).parent, home / "zoo")
+    env = _env(home)
+    server = _cli(env, "serve", "--idle", "300", "--inline")
+    try:
+        while "listening" not in server.stderr.readline():
+            assert server.poll() is None, "the server did not start"
+        run = ["run", "zoo:flux", "--height", "64", "--width", "64", "--steps", "3", "--rows", "cache", "--json",
+               "--fresh", "--twin", "off"]
+        served = [_done(_cli(env, *run, "--out", tmp_path / f"served{i}", cwd=tmp_path)) for i in range(2)]
+        code_off, own_run, err_off = _done(_cli(env, *run, "--out", tmp_path / "own", "--server", "off"))
+        for code, out, err in served:
+            assert code == code_off, err
+            assert _untimed(json.loads(out)) == _untimed(json.loads(own_run))
+        assert _done(_cli(env, "run", "zoo:flux", "--rows", "nope"))[0] == 2  # a user error, served: one line, 2
+        assert _done(_cli(env, "serve", "--stop"))[0] == 0
+        server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+    assert server.stderr.read().count("in the server: exit") == 3

@@ -4,13 +4,15 @@ The server imports torch, diffusers, transformers, cache-dit and ditgate once, t
 folder of the user's that only the user may enter (`$DITGATE_HOME/serve/`, mode 0700, owned by the user: anything
 else is refused). A command given `--server auto` (the default) whose environment matches the server's (the same
 ditgate, Python and the environment variables the libraries read at import) hands the server its arguments, its
-working folder, its environment and its three standard streams (passed as file descriptors); the server forks a
-child that runs the command exactly as `ditgate` would in a fresh process (the same code path, on the same streams)
-and sends back its exit status. One command runs at a time: a client that finds the server busy (no greeting within
+working folder, its environment and its three standard streams (passed as file descriptors); the server runs the
+command exactly as `ditgate` would in a fresh process (the same code path, on the same streams) and sends back its
+exit status: a CPU command in a forked child, on the pipeline the server keeps loaded; a GPU command in the
+server's own process (`ditgate.commands.tools.served` says why). One command runs at a time: a client that finds the server busy (no greeting within
 2 s) runs its command in its own process, as it would without a server. Without a server, with
 a stale socket (nobody listening), a server of another ditgate or environment, or one that dies before it starts
 the command, the command runs in its own process as usual: a server is used when there, never required.
-A client that goes away (Ctrl-C) ends its command's whole process group. The server exits after `--idle` seconds
+A client that goes away (Ctrl-C) ends a forked command's whole process group (a command run in the server runs to
+its end). The server exits after `--idle` seconds
 without a client, or on `ditgate serve --stop`; killing it loses nothing (every run writes its own folder).
 """
 
@@ -27,14 +29,14 @@ from stat import S_ISDIR, S_ISSOCK
 import time
 from pathlib import Path
 
+from ditgate.commands.tools import served
+from ditgate.commands.tools.served import CHILD_ENV
 from ditgate.core.errors import DitgateError
 
 HELP = "keep a warm process (imports done, pipelines loaded) that run/diff/inspect/checklist use when it is running (--server auto)"
 IMPORT_ENV = ("HF_", "TRANSFORMERS_", "DIFFUSERS_", "CACHE_DIT", "DITGATE_", "TORCH", "CUDA_", "OMP_", "MKL_",
               "PYTHON", "TOKENIZERS_", "USE_HUB_KERNELS")
-WARM_COMMANDS = ("run", "diff", "inspect", "checklist")  # the commands whose pipeline the server keeps loaded
 MAX_IDLE = 10_000_000  # seconds (about 4 months): longer is no idle timeout, and inf overflows the socket's timeout
-CHILD_ENV = "DITGATE_IN_SERVER"  # set in the forked command: it never forwards again
 # the environment this process started with: the CLI imports this module before it sets its verbosity variables
 # and before torch sets its own, so a server compares what it was started with to what a client was started with
 _STARTED_WITH = dict(os.environ)
@@ -44,6 +46,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="store_true", help="stop the running server")
     parser.add_argument("--idle", type=float, default=1800.0, help="seconds without a client before the server "
                         "exits (default 1800)")
+    parser.add_argument("--inline", action="store_true", help="run every command in the server's own process, as "
+                        "a GPU command always is (a forked child cannot use the CUDA state the imports made)")
 
 
 def folder() -> Path:
@@ -148,38 +152,7 @@ def forward(argv: list[str]) -> int | None:
     return int(done["rc"])
 
 
-def _child(conn: socket.socket, request: dict, fds: list[int], entry) -> None:
-    """In the forked child: become the client's process and run its command; never returns."""
-    code = 1
-    try:
-        os.setsid()  # its own process group: a client that goes away ends all of it
-        for target, fd in zip((0, 1, 2), fds):
-            os.dup2(fd, target)
-        for fd in fds:
-            os.close(fd)
-        conn.close()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"], **{CHILD_ENV: "1"})
-        code = entry(request["argv"])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    except BaseException:  # noqa: BLE001 - the command's own traceback, on its own stderr
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
-        os._exit(code)
-
-
-def _serve_one(conn: socket.socket, entry) -> bool:
+def _serve_one(conn: socket.socket, entry, inline: bool = False) -> bool:
     """Run one client's command; False when it asked the server to stop."""
     with conn, conn.makefile("rb") as reader:
         _send(conn, {"identity": identity(_STARTED_WITH), "pid": os.getpid()})
@@ -192,10 +165,20 @@ def _serve_one(conn: socket.socket, entry) -> bool:
             for fd in fds:
                 os.close(fd)
             return True
-        _keep_for(request)
+        args = served.parsed(request["argv"])
+        if inline or (args is not None and served.wants_cuda(args.device)):
+            _send(conn, {"started": os.getpid()})
+            code = served.inline(request, fds, entry)
+            print(f"ditgate serve: ran `ditgate {' '.join(request['argv'])}` in the server: exit {code}",
+                  file=sys.stderr, flush=True)
+            _send(conn, {"rc": code})
+            return True
+        if args is not None:
+            served.keep_for(args, request["cwd"])
         pid = os.fork()
         if pid == 0:
-            _child(conn, request, fds, entry)
+            conn.close()
+            served.forked(request, fds, entry)
         for fd in fds:
             os.close(fd)
         _send(conn, {"started": pid})
@@ -217,63 +200,6 @@ def _serve_one(conn: socket.socket, entry) -> bool:
                 return True
 
 
-def _wants_cuda(device: str) -> bool:
-    """Whether `device` means a GPU, found without making a CUDA context in this process (NVML counts them)."""
-    if device != "auto":
-        return device.startswith("cuda")
-    import torch
-
-    saved = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    try:
-        return torch.cuda.is_available()
-    finally:
-        if saved is None:
-            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK")
-        else:
-            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = saved
-
-
-def _keep_for(request: dict) -> None:
-    """Load the pipeline the command will load, in host memory, before forking it: the forked command takes it
-    (ditgate.core.warm) and the next command on the same folder finds it loaded. Nothing here may touch a GPU (a
-    forked child cannot use a CUDA context its parent made): a command whose dtype needs the device to be known
-    (`--dtype auto --device auto`) loads its own. Anything that goes wrong is left to the command to report."""
-    import contextlib
-    import importlib
-    import io
-
-    from ditgate.core import loader, warm
-    from ditgate.core import request as request_mod
-
-    argv = request["argv"]
-    if not argv or argv[0] not in WARM_COMMANDS:
-        return
-    parser = argparse.ArgumentParser(add_help=False)
-    importlib.import_module(f"ditgate.commands.model.{argv[0]}").register(parser)
-    cwd = os.getcwd()
-    try:
-        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            args, _ = parser.parse_known_args(argv[1:])
-            dtype = request_mod.resolve_dtype(args.dtype, "cuda" if _wants_cuda(args.device) else "cpu")
-            if args.trust_remote_code or not args.model:
-                return
-            os.chdir(request["cwd"])
-            path = loader.resolve(args.model)
-            start = time.perf_counter()
-            dtype = loader.torch_dtype(dtype)
-            if not warm.has(path, dtype, args.pipeline):
-                warm.keep(path, dtype, args.pipeline, loader.load(path, dtype, "cpu", pipeline=args.pipeline,
-                                                                  warm=False))
-                name = str(dtype).removeprefix("torch.")
-                print(f"ditgate serve: keeping {path} loaded ({name}, {time.perf_counter() - start:.1f} s) for the "
-                      "commands that load it", file=sys.__stderr__, flush=True)
-    except (Exception, SystemExit):  # noqa: BLE001 - the command itself reports what is wrong
-        return
-    finally:
-        os.chdir(cwd)
-
-
 def warm_imports() -> None:
     """What every command would import first, imported once in the server."""
     import cache_dit  # noqa: F401
@@ -284,7 +210,7 @@ def warm_imports() -> None:
     from ditgate.run import runner  # noqa: F401
 
 
-def serve(idle: float, entry) -> int:
+def serve(idle: float, entry, inline: bool = False) -> int:
     """Serve until idle or stopped; `entry(argv) -> exit status` runs one command (the CLI's main)."""
     _private_folder(create=True)
     path = socket_path()
@@ -310,7 +236,7 @@ def serve(idle: float, entry) -> int:
                 return 0
             conn.settimeout(None)
             try:
-                if not _serve_one(conn, entry):
+                if not _serve_one(conn, entry, inline):
                     return 0
             except (OSError, ValueError):
                 continue  # a client that broke off; the next one is served
@@ -341,4 +267,4 @@ def main(args: argparse.Namespace) -> int:
         return stop()
     if not 0 < args.idle <= MAX_IDLE:  # nan and inf too: a socket's timeout must fit the platform's time_t
         raise DitgateError(f"--idle must be a positive number of seconds up to {MAX_IDLE:,}, got {args.idle}")
-    return serve(args.idle, args.entry)
+    return serve(args.idle, args.entry, args.inline)

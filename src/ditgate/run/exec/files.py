@@ -8,6 +8,8 @@
     RUN/rows/NAME/output.png          image rows: the image as 8-bit RGB (to look at)
     RUN/rows/NAME/output.mp4          video rows: the frames at VIDEO_FPS (output.gif where no MP4 encoder is installed)
     RUN/rows/NAME/output.wav          audio rows: the waveform as 16-bit PCM at the VAE's sample rate (to listen to)
+    RUN/rows/NAME/output_NAME.npy     each further output of the call (`audio` beside the frames), its first sample
+    RUN/rows/NAME/output_NAME.wav     a further audio output as 16-bit PCM (to listen to)
     RUN/rows/NAME/result.json         written last: its presence means the row finished
     RUN/report.json, report.md, grid.png
 

@@ -78,13 +78,13 @@ def judge(state, base_name: str, checks: list, load, modality: str, **evaluate_k
     checks = [c for c in checks if c is not None and c.ran]
     if not (state.verdict and state.verdict["passed"] and checks):
         return
-    reference, fault_size = load(base_name, "output"), sizes(evaluate_kwargs.get("gates"))[0]
-    passed = []
+    fault_size, passed = sizes(evaluate_kwargs.get("gates"))[0], []
     for sensitivity in checks:  # the row's whole gate: its latent checks too (an exact phase's tensor rule)
-        latents = (load(base_name, "latents"), load(sensitivity.row.name, "latents"))
-        found = check(state.row.phase, modality, reference, load(sensitivity.row.name, "output"),
+        source = sensitivity.row.baseline or base_name  # what was perturbed: the plain baseline (not a tiled one)
+        latents = (load(source, "latents"), load(sensitivity.row.name, "latents"))
+        found = check(state.row.phase, modality, load(source, "output"), load(sensitivity.row.name, "output"),
                       sensitivity.row.perturb, sample_rate=state.result.get("sample_rate"),
-                      latents=None if any(x is None for x in latents) else latents, noise=load(base_name, "noise"),
+                      latents=None if any(x is None for x in latents) else latents, noise=load(source, "noise"),
                       **evaluate_kwargs)
         if found["passed"]:
             break
