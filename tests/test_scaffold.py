@@ -157,3 +157,26 @@ def test_ltx_i2v_per_token_timestep_built_in_forward_is_split_at_every_block(run
     (row,) = [r for r in json.loads((tmp_path / "temb_whole" / "report.json").read_text())["rows"]
               if r["name"] == "cp-ulysses-2"]
     assert code == 1 and row["status"] in ("failed", "error"), row["status"]
+
+
+@pytest.mark.full
+def test_tinymoe_long_skip_is_split_where_the_stream_is_made(run_cli, tmp_path):
+    """zoo:tinymoe adds the first block's input back after the blocks (a long skip), builds its RoPE table in forward,
+    routes expert-choice, and its processor calls SDPA itself (it has a `_cp_config` attribute it never hands on).
+    The scaffold splits at `x_embedder`'s output, the table at every block, runs the MoE on the gathered sequence and
+    routes the attention through cache-dit's dispatcher; a split at `blocks.0` leaves the skip whole and fails."""
+    out = tmp_path / "tinymoe.py"
+    code, stdout, err = run_cli("scaffold", "zoo:tinymoe", "--out", out, "--rows", "cp-ulysses-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    entry = '        "x_embedder": {0: _ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)},\n'
+    assert entry in text and "route_attention([block.attn for block in transformer.blocks]" in text
+    plugin = tmp_path / "block0.py"
+    plugin.write_text(text.replace(entry, '        "blocks.0": {"hidden_states": _ContextParallelInput(split_dim=1, '
+                                          'expected_dims=3, split_output=False)},\n'))
+    code, _, _ = run_cli("run", "zoo:tinymoe", "--rows", "cp-ulysses-2", "--integration", plugin,
+                         "--dtype", "float32", "--out", tmp_path / "block0", "-q")
+    (row,) = [r for r in json.loads((tmp_path / "block0" / "report.json").read_text())["rows"]
+              if r["name"] == "cp-ulysses-2"]
+    assert code == 1 and row["status"] in ("failed", "error"), row["status"]

@@ -103,6 +103,7 @@ class Sequence:
     joint: bool = False
     per_token_tables: list[str] = field(default_factory=list)
     gather_candidates: list[str] = field(default_factory=list)
+    hidden_made_by: str | None = None  # the module whose output is the first block's hidden states (the embedder)
     divisibility: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 

@@ -66,6 +66,8 @@ def _tables_and_gathers(record, sequence: Sequence, hidden, text, first_list: st
     for name in dict.fromkeys(events[:first_block]):
         found = []
         for i, out in enumerate(_leaves(record.child_outputs.get(name))):
+            if out is hidden:
+                sequence.hidden_made_by = name
             if out is hidden or out is text or id(out) not in block_inputs:
                 continue
             dims = [d for d, n in enumerate(out.shape) if n in lengths]

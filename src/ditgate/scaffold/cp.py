@@ -76,6 +76,15 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         notes.append(f"{reason}: split at `{first.attribute}.0`, whose `{hidden}` is "
                      f"{first.call['inputs'].get(hidden)}")
         split = {hidden: SPLIT.format(dim=1, ndim=3, out=False)}
+        skip = [n for n in a.traits.long_skips if n.startswith(transformer + ":")]
+        if skip and s.hidden_made_by:
+            split = {}
+            entries.append(f'"{s.hidden_made_by}": {{0: ' + SPLIT.format(dim=1, ndim=3, out=True) + "}")
+            notes.append(f"long skip ({skip[0].split(': ', 1)[-1]}): the stream is split where it is made, at the "
+                         f"output of `{s.hidden_made_by}`, so the residual taken before the first block is split "
+                         f"too; a split at `{first.attribute}.0` would leave it whole (cp-ulysses-2 tells them apart)")
+        elif skip:
+            notes.append(f"NOT HANDLED: long skip ({skip[0]}) and no module was seen making the first block's input")
         text = _text_param(first, txt)
         every = {}
         if joint and text:
@@ -89,7 +98,8 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         elif txt:
             notes.append(f"cross attention (keys from the {txt}-token text): the text stays whole on every rank")
         body = ", ".join(f'"{k}": {v}' for k, v in split.items())
-        entries.append(f'"{first.attribute}.0": {{{body}}}')
+        if body:
+            entries.append(f'"{first.attribute}.0": {{{body}}}')
         made: dict[str, list[str]] = {}
         for t in a.traits.per_block_tensors:
             if t.get("made_by") and t["shape"][t["dim"]] in lengths:
@@ -109,7 +119,7 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         if every:
             entries.append(f'"{first.attribute}.*": {{' + ", ".join(f'"{k}": {v}' for k, v in every.items()) + "}")
         for module, parts in made.items():
-            entries.append(f'"{module}": ' + ("{" + ", ".join(parts) + "}" if ":" in parts[0] else parts[0]))
+            entries.append(f'"{module}": {{' + ", ".join(p if ":" in p else f"0: {p}" for p in parts) + "}")
         for table in s.per_token_tables:
             if "image + text" in table:
                 notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "

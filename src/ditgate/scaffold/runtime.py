@@ -74,16 +74,24 @@ class RoutedAttention:
                 out = out[:, extra:] if self.text_first else out[:, :out.shape[1] - extra]
             return out
 
-        name = "dispatch_attention_fn" if "dispatch_attention_fn" in self.namespace else None
-        if name is None:
-            raise NotImplementedError(f"{type(self.inner).__name__} calls no dispatch_attention_fn: route its "
-                                      "kernel call by hand")
-        original = self.namespace[name]
-        self.namespace[name] = kernel
+        if "dispatch_attention_fn" in self.namespace:  # diffusers' layout [B, S, H, D]
+            owner, name, routed = self.namespace, "dispatch_attention_fn", kernel
+        else:  # a processor that calls SDPA itself: layout [B, H, S, D]; the original is back while cache-dit runs
+            owner, name = vars(torch.nn.functional), "scaled_dot_product_attention"
+
+            def routed(query, key, value, *rest, **options):
+                owner[name] = original
+                try:
+                    return kernel(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), *rest,
+                                  **options).transpose(1, 2)
+                finally:
+                    owner[name] = routed
+        original = owner[name]
+        owner[name] = routed
         try:
             return self.inner(attn, *args, **kwargs)
         finally:
-            self.namespace[name] = original
+            owner[name] = original
 
 
 def route_attention(modules, reorder_mask=True, text_first=False, local=False):

@@ -80,9 +80,15 @@ def _processors(transformer, out: dict[str, dict[str, Any]]) -> None:
             heads = getattr(module, "heads", None)
             divide = [n for n, v in vars(module).items() if isinstance(v, int) and not isinstance(v, bool)
                       and ("head" in n or "inner" in n) and (v == heads or v in widths)]
+            try:  # a CP config attribute counts only where the processor's code hands it on
+                code = pyinspect.getsource(type(processor).__call__) if processor is not None else ""
+            except (OSError, TypeError):
+                code = ""
             out[f"{attribute}.*.{path}"] = {
-                "passes_cp": any(hasattr(processor, n) for n in ("_parallel_config", "_cp_config")),
-                "routable": "dispatch_attention_fn" in namespace, "divide": divide}
+                "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
+                                 for n in ("_parallel_config", "_cp_config")),
+                "routable": "dispatch_attention_fn" in namespace or "scaled_dot_product_attention" in code,
+                "divide": divide}
 
 
 def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], chains: list[tuple[str, str]] = (),
