@@ -105,8 +105,7 @@ def test_correct_integration_reports_no_divergence(zoo_path, tmp_path):
 @pytest.mark.full
 def test_failed_exact_row_gets_a_diff_section(zoo_path, tmp_path):
     """The runner's hook: a CP row without a gather fails its gate and its report names the missing gather."""
-    from ditgate import zoo
-    from ditgate.core import request
+    from ditgate.core.model import Model
     from ditgate.run.define import rows
     from ditgate.run.runner import RunConfig, run
 
