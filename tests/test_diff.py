@@ -288,3 +288,20 @@ def test_per_rank_tensor_on_two_ranks_is_not_compared_and_a_split_one_is_gathere
     lines = compare_summaries(base, cand, 1e-4)
     assert [x["status"] for x in lines] == ["not compared", "identical"]
     assert not any(x["diverged"] for x in lines)
+
+
+@pytest.mark.full
+def test_factorized_model_with_a_flattened_batch_dimension_shows_no_divergence(zoo_path, tmp_path):
+    """zoo:tinyst's temporal blocks hold [batch x local tokens, frames, dim] on each rank (CFG batched: 2 items):
+    concatenated along dim 0 the pieces are in the wrong order; gathered item by item they equal the baseline, so
+    the correct integration shows no divergence (it once blamed temporal_blocks.0.norm1)."""
+    from ditgate.core.model import Model
+    from ditgate.run.define import rows
+    from ditgate.run.diff.compare import DiffConfig, diff
+
+    chosen = {r.name: r for r in rows.select(rows.DEFAULT_ROWS, "cp-ulysses-2")}
+    report = diff(DiffConfig(model=Model.open(zoo_path("tinyst")), row=chosen["cp-ulysses-2"],
+                             baseline=chosen["baseline"], out=tmp_path / "diff",
+                             integration=ROOT / "examples" / "tinyst" / "integration.py", timeout=300))
+    assert report["named"] is None, report["reason"]
+    assert any(x["gathered"].endswith("in 2 groups") for x in report["lines"])
