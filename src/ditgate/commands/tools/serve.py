@@ -166,8 +166,8 @@ def _serve_one(conn: socket.socket, entry, inline: bool = False) -> bool:
                 os.close(fd)
             return True
         args = served.parsed(request["argv"])
+        _send(conn, {"started": os.getpid()})  # before any load: the client waits for it only 2 s
         if inline or (args is not None and served.wants_cuda(args.device)):
-            _send(conn, {"started": os.getpid()})
             code = served.inline(request, fds, entry)
             print(f"ditgate serve: ran `ditgate {' '.join(request['argv'])}` in the server: exit {code}",
                   file=sys.stderr, flush=True)
@@ -181,7 +181,6 @@ def _serve_one(conn: socket.socket, entry, inline: bool = False) -> bool:
             served.forked(request, fds, entry)
         for fd in fds:
             os.close(fd)
-        _send(conn, {"started": pid})
         while True:
             ended, status = os.waitpid(pid, os.WNOHANG)
             if ended:
