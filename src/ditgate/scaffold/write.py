@@ -152,7 +152,7 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
     for b in lists:
         layout = a.traits.list_layouts.get(f"{transformer}.{b.attribute}", "")
         shape = [int(x) for x in re.findall(r"\d+", layout.split("]")[0])] if layout.startswith("tensor[") else []
-        found = [d for d, n in enumerate(shape) if n == a.sequence.image_tokens]
+        found = [d for d in range(len(shape) - 1) if shape[d] == a.sequence.image_tokens]  # never the features
         dims[b.attribute] = 1 if not found or 1 in found else found[0]
         why.append(f"`{b.attribute}` returns {layout or 'an unobserved layout'}")
     body = ", ".join(f'"{k}": {v}' for k, v in dims.items())
