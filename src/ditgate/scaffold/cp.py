@@ -124,6 +124,11 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
             if "image + text" in table:
                 notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "
                              "split by its output; split the inputs it is made from")
+    uneven = {n: v for n, v in (("image", img), ("text", txt if joint else None)) if v and v % 2}
+    if uneven:
+        notes.append("NOT HANDLED: " + ", ".join(f"the {v} {n} tokens" for n, v in uneven.items()) + " do not split "
+                     "evenly over 2 ranks (cache-dit's split refuses them): choose a size or max_sequence_length "
+                     "that makes them even (or Ulysses-anything on GPUs)")
     if s.gather_candidates:
         out = s.gather_candidates[0]
         notes.append(f"`{out}` is the first module after the blocks whose output keeps the {img}-token sequence: "

@@ -152,7 +152,7 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
     for b in lists:
         layout = a.traits.list_layouts.get(f"{transformer}.{b.attribute}", "")
         shape = [int(x) for x in re.findall(r"\d+", layout.split("]")[0])] if layout.startswith("tensor[") else []
-        found = [d for d, n in enumerate(shape) if n == a.sequence.image_tokens]
+        found = [d for d in range(len(shape) - 1) if shape[d] == a.sequence.image_tokens]  # never the features
         dims[b.attribute] = 1 if not found or 1 in found else found[0]
         why.append(f"`{b.attribute}` returns {layout or 'an unobserved layout'}")
     body = ", ".join(f'"{k}": {v}' for k, v in dims.items())
@@ -193,10 +193,15 @@ def plugin_source(observed: Observed) -> str:
                  "    # calls per step not measured")
     if others:
         cache.append(f"    # NOT HANDLED: the pipeline also calls {others}; only `{transformer}` is adapted here")
+    unchecked = [b.attribute for b in lists if b.check_forward_pattern is False]
+    if unchecked:
+        cache.append(f"    # cache-dit's static check of the block parameter names fails for {unchecked} (the pattern "
+                     "was observed from what the blocks do): check_forward_pattern=False")
     cache += [f"    t = pipe.{transformer}",
               f"    return cache_dit.BlockAdapter(pipe=pipe, transformer=t, blocks=[{blocks}],",
               f"                                  forward_pattern=[{patterns}], "
-              f"has_separate_cfg={a.has_separate_cfg})", "", ""]
+              f"has_separate_cfg={a.has_separate_cfg}" + (", check_forward_pattern=False" if unchecked else "")
+              + ")", "", ""]
     entries, notes, code = _cp(observed, transformer, lists[0])
     switches = _split_dims(a, transformer, lists)
     if any("REORDER_MASK" in c for c in code):
