@@ -415,6 +415,9 @@ CASES = {
                                     "{t}/tree-linked-package", "--out", "{t}/out"], ["cache_dit is a symbolic link"]),
     "inspect-config-lies-about-its-weights": (["inspect", "{t}/weights-lie"],  # was a traceback, exit 1
                                               ["component text_encoder do not match its config.json"]),
+    "run-config-lies-about-its-weights": (["run", "{t}/weights-lie", "--rows", "cache", "--twin", "off", "--out",
+                                           "{t}/out"],  # every row was an ERROR, exit 1, its folder left behind
+                                          ["component text_encoder do not match its config.json"]),
 
     # twin: configs that lie, and a link out of the model folder (the twin copies files: it would copy the target)
     "twin-config-vocab-below-the-tokenizer": (["twin", "{t}/vocab-lies", "{t}/out"],

@@ -22,6 +22,11 @@ class PipelineClassError(DitgateError):
     """The pipeline class is unknown or cannot be imported."""
 
 
+class ModelLoadError(DitgateError):
+    """The model folder cannot be loaded as it is (weights that do not match their config.json): a user error, which
+    ends a run before its first row instead of failing every row."""
+
+
 class RemoteCodeError(DitgateError):
     """Loading would execute code shipped inside the model folder, and that was not allowed."""
 

@@ -24,7 +24,7 @@ from ditgate.core import logs
 from ditgate.core import modular
 from ditgate.core import warm as warm_mod
 from ditgate.core.examples import ensure_packages
-from ditgate.core.errors import DitgateError, ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
+from ditgate.core.errors import DitgateError, ModelLoadError, ModelNotFoundError, NotAPipelineError, PipelineClassError, RemoteCodeError
 
 _BUILTIN_LIBRARIES = {None, "diffusers", "transformers"}
 _DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
@@ -310,7 +310,7 @@ def load(model: str | os.PathLike, dtype: Any = "float32", device: str | None = 
         if "mismatch" not in text.lower() and "expected shape" not in text:
             raise
         said = "" if "ignore_mismatched_sizes" in text else f": {text[:200]}"  # that one points at a hidden report
-        raise DitgateError(f"cannot load {path}: the weights of component {_loading(exc)} do not match its "
+        raise ModelLoadError(f"cannot load {path}: the weights of component {_loading(exc)} do not match its "
                            f"config.json (a size the config gives wrong: vocab_size, hidden_size, a layer count){said}"
                            ) from None
     if device is not None:

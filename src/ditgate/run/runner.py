@@ -25,10 +25,10 @@ from ditgate.run.exec import files as store
 from ditgate.run.judge.gating import audio_floor, judge_row
 from ditgate.run import twinned
 from ditgate.run.judge import variants, volatility
-from ditgate.core.errors import DitgateError
+from ditgate.core.errors import DitgateError, ModelLoadError
 from ditgate.core.model import Model
 from ditgate.run.exec.folder import (FolderLock, RunFolderError, check_options, check_resumable,  # noqa: F401
-                                copy_finished_rows, default_out, prepare, versions)
+                                abandon, copy_finished_rows, default_out, prepare, versions)
 from ditgate.run.exec.folder import done as _done
 from ditgate.run.exec.worker import warm_calls
 from ditgate.run.define.rows import Row
@@ -247,24 +247,15 @@ class Runner:
         else:
             self._run_in_process(CALIBRATION)
 
-    def _reuse_key(self, row: Row, integration) -> str | None:
-        """The store key of `row` when this run reuses and the row may be stored (ditgate.run.reuse.keys)."""
-        from ditgate.core import plugin
-        from ditgate.run import reuse
-
-        if not self.cfg.reuse or not reuse.reusable(row):
-            return None
-        split = integration.cp_split_dims if integration is not None else plugin.declared_split_dims()
-        return reuse.row_key(self.model, row, reuse.keys.versions_of(self.run_dir), self.cfg.gates, split)
-
     def _run_in_process(self, row: Row, warmup: int | None = None, repeats: int | None = None) -> None:
         from ditgate.core import plugin
+        from ditgate.run import reuse
         from ditgate.run.exec.execute import run_row, save_outcome
         from ditgate.run.reuse import Store
 
         try:
             integration = plugin.load(self.cfg.integration)
-            key = self._reuse_key(row, integration)
+            key = reuse.key_in_run(self.cfg, self.run_dir, row, integration)
             if key is not None and (reused := Store().get(key, self.run_dir, row.name)):
                 self._record(self.states[row.name], reused)
                 return
@@ -273,6 +264,8 @@ class Runner:
             self._warmed = self._warmed or calls > 0
             outcome = run_row(row, self.model, integration=integration, warmup=calls,
                               repeats=self.cfg.repeats if repeats is None else repeats, pristine=pristine)
+        except ModelLoadError:
+            raise  # the folder itself cannot be loaded: the run ends here (see `run`)
         except Exception as exc:  # noqa: BLE001 - recorded in the report
             self._error(row, f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), rank=0)
             return
@@ -400,6 +393,11 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=N
     runner = Runner(cfg, progress, profile)
     try:
         return runner.run()
+    except ModelLoadError:  # a user error: refused in one line, and a run folder this run made is not left behind
+        runner._release()
+        if not any(state.result for state in runner.states.values()):
+            abandon(runner.run_dir, runner._lock, runner._lock.created)
+        raise
     finally:
         runner._release()  # also after a failure: the pipeline and its memory are not kept
         runner._lock.release()

@@ -60,6 +60,7 @@ class FolderLock:
         self.path = self.run_dir / LOCK
         self._fd: int | None = None
         self.stale: str | None = None  # the holder a killed run left in the lock file, when there was one
+        self.created = False  # whether this run made the folder (set by `prepare`)
 
     def acquire(self) -> "FolderLock":
         if self.path.is_symlink():  # opening it would truncate whatever it points at
@@ -171,6 +172,7 @@ def prepare(cfg: Any, versions) -> tuple[Path, FolderLock]:
     `versions()` gives the library versions recorded in run.json."""
     run_dir = Path(cfg.out) if cfg.out else default_out(cfg.model.name)
     lock, created = open_folder(run_dir, cfg.resume)
+    lock.created = created  # a run that ends in a user error before any row removes the folder it made
     try:
         run_file = run_dir / "run.json"
         if run_file.is_file():

@@ -9,7 +9,7 @@ It imports core, zoo, gates (the gate table's path), run.define (rows) and run.e
 runner imports it.
 """
 
-from ditgate.run.reuse.keys import reusable, row_key
+from ditgate.run.reuse.keys import key_in_run, reusable, row_key
 from ditgate.run.reuse.store import Store
 
-__all__ = ["Store", "reusable", "row_key"]
+__all__ = ["Store", "key_in_run", "reusable", "row_key"]

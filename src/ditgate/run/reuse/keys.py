@@ -108,6 +108,17 @@ def row_key(model, row, versions: dict[str, Any], gates: Path | None, split_dims
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+def key_in_run(cfg, run_dir: Path, row, integration) -> str | None:
+    """The store key of `row` in a run of `cfg` (a RunConfig) writing `run_dir`, when the run reuses and the row may
+    be stored; None otherwise."""
+    from ditgate.core import plugin
+
+    if not cfg.reuse or not reusable(row):
+        return None
+    split = integration.cp_split_dims if integration is not None else plugin.declared_split_dims()
+    return row_key(cfg.model, row, versions_of(run_dir), cfg.gates, split)
+
+
 def versions_of(run_dir: Path) -> dict[str, Any]:
     """The library versions the run folder's run.json records (the runner wrote them at its start)."""
     return json.loads((Path(run_dir) / "run.json").read_text()).get("versions", {})
