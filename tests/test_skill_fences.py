@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import runpy
 import subprocess
 import sys
@@ -45,7 +46,14 @@ FULL_RUNS = {"ditgate run zoo:flux --rows cache"}
 FULL_SCRIPTS = {"mask_reorder.py": [], "generate.py": ["list"]}
 HELP_SCRIPTS = {"fused_qkv_tp.py", "rope_global_slice.py"}
 FULL_SUBCOMMANDS = {"inspect", "zoo", "lint"}
-BUDGET_S = 60
+BUDGET_S = 60  # seconds of a quiet machine's wall; checked as CPU seconds (this process and its children, up to 3
+# of them at once on 2 cores with torch's threads), since wall time on a loaded machine measures the load
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of the children it has waited for."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def runnable_lines(root: Path) -> list[tuple[str, int, str]]:
@@ -219,9 +227,9 @@ def test_runnable_fence_line_runs_from_another_folder(installed, rel, line, text
     expected = int(match.group(1)) if match else 0
     text = EXITS.sub("", text)
     words = expand(text, installed["dest"], installed["elsewhere"])
-    started = time.perf_counter()
+    started = cpu_seconds()
     how, code = run_line(text, words, installed)
-    installed["seconds"][f"{rel}:{line}"] = time.perf_counter() - started
+    installed["seconds"][f"{rel}:{line}"] = cpu_seconds() - started
     out = capsys.readouterr()
     if how == "dry":
         expected = 0                     # the checks passed; what the rows then do is tested where they are built
@@ -233,4 +241,4 @@ def test_every_runnable_line_is_run_and_the_fences_stay_cheap(installed):
     """Runs last in this file: the lines above ran, each in one of the ways the docstring lists, within budget."""
     ran = installed["seconds"]
     assert len(ran) == len(LINES), "some runnable lines did not run"
-    assert sum(ran.values()) < BUDGET_S * 2, f"the runnable fences took {sum(ran.values()):.0f} s: {ran}"
+    assert sum(ran.values()) < BUDGET_S * 3, f"the runnable fences took {sum(ran.values()):.0f} s of CPU: {ran}"
