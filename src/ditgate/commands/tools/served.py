@@ -19,17 +19,16 @@ WARM_COMMANDS = ("run", "diff", "inspect", "checklist")  # the commands whose pi
 CHILD_ENV = "DITGATE_IN_SERVER"  # set in the command the server runs: it never forwards again
 
 
-def forked(request: dict, fds: list[int], entry) -> None:
-    """In the forked child: become the client's process and run its command; never returns."""
+def _as_client(request: dict, fds: list[int], entry) -> int:
+    """Run the client's command on its streams (`fds` put on 0, 1, 2 and closed), in its folder and environment: its exit
+    status (a traceback on its own stderr for anything the command let escape)."""
     code = 1
     try:
-        os.setsid()  # its own process group: a client that goes away ends all of it
+        _flush()
         for target, fd in zip((0, 1, 2), fds):
             os.dup2(fd, target)
         for fd in fds:
             os.close(fd)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"], **{CHILD_ENV: "1"})
@@ -41,11 +40,27 @@ def forked(request: dict, fds: list[int], entry) -> None:
 
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
+        _flush()
+    return code
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a stream the command closed
+            pass
+
+
+def forked(request: dict, fds: list[int], entry) -> None:
+    """In the forked child: become the client's process and run its command; never returns."""
+    code = 1
+    try:
+        os.setsid()  # its own process group: a client that goes away ends all of it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        code = _as_client(request, fds, entry)
+    finally:
         os._exit(code)
 
 
@@ -111,47 +126,25 @@ def keep_for(args: argparse.Namespace, cwd: str) -> None:
 
 
 def inline(request: dict, fds: list[int], entry) -> int:
-    """Run a command (a GPU command, or any with `ditgate serve --inline`) in the server's own process, on the client's streams, folder and environment, and put
-    them back afterwards. A forked child cannot use CUDA once its parent's imports have initialised it (diffusers,
-    transformers and cache-dit do at import on a GPU machine), so a GPU command is never forked; it runs to its end
-    even when its client goes away."""
+    """Run a command (a GPU command, or any with `ditgate serve --inline`) in the server's own process, on the
+    client's streams, folder and environment, and put the server's back afterwards. A forked child cannot use CUDA
+    once its parent's imports have initialised it (importing diffusers, transformers and cache-dit together does on
+    a GPU machine), so a GPU command is never forked; it runs to its end even when its client goes away."""
     import gc
-    import traceback
 
     saved = [os.dup(target) for target in (0, 1, 2)]
     environ, cwd = dict(os.environ), os.getcwd()
-    code = 1
     try:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        for target, fd in zip((0, 1, 2), fds):
-            os.dup2(fd, target)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"], **{CHILD_ENV: "1"})
-        try:
-            code = entry(request["argv"])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-        except BaseException:  # noqa: BLE001 - the command's own traceback, on its own stderr
-            traceback.print_exc()
+        return _as_client(request, fds, entry)
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
         for target, fd in zip((0, 1, 2), saved):
             os.dup2(fd, target)
-            os.close(fd)
-        for fd in fds:
             os.close(fd)
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(environ)
         gc.collect()
         _empty_cuda_cache()
-    return code
 
 
 def _empty_cuda_cache() -> None:
