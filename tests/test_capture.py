@@ -62,3 +62,23 @@ def test_cp_row_runs_on_a_pipeline_that_copies_its_scheduler(tmp_path, run_cli, 
                              "cp-ulysses-2", "--height", "32", "--width", "32", "--steps", str(STEPS),
                              "--out", tmp_path / "run")
     assert code == 0, out + err[-3000:]
+
+
+def test_the_recording_scheduler_keeps_its_class_for_type_tests():
+    """Bria's pipeline calls `scale_model_input` unless `type(self.scheduler) == FlowMatchEulerDiscreteScheduler`
+    (FlowMatch has none): during the capture the scheduler's type still compares equal to its class, hashes like
+    it, and a table keyed by it finds it; afterwards it has its class back."""
+    from types import SimpleNamespace
+
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from ditgate.core.steps import SchedulerSteps
+
+    scheduler = FlowMatchEulerDiscreteScheduler()
+    with SchedulerSteps(SimpleNamespace(scheduler=scheduler)) as steps:
+        assert steps._installed and type(scheduler) is not FlowMatchEulerDiscreteScheduler  # the recording class
+        assert type(scheduler) == FlowMatchEulerDiscreteScheduler and not type(scheduler) != FlowMatchEulerDiscreteScheduler
+        assert FlowMatchEulerDiscreteScheduler == type(scheduler) and isinstance(scheduler, FlowMatchEulerDiscreteScheduler)
+        assert {FlowMatchEulerDiscreteScheduler: "found"}[type(scheduler)] == "found"
+        assert type(scheduler) != object
+    assert type(scheduler) is FlowMatchEulerDiscreteScheduler

@@ -5,7 +5,8 @@ given and the one it returned. The first step's input is the initial latents the
 the layout of the final latents); the last step's output is the final latents.
 
 The capture never changes what the pipeline does. The scheduler instance is given a subclass of its own class for
-the call, made here, whose `step` calls the class's own `step` on whatever scheduler it is called on and records
+the call, made here (equal to its class and hashed like it, for pipelines that compare the scheduler's type), whose
+`step` calls the class's own `step` on whatever scheduler it is called on and records
 only the calls made on the pipeline's scheduler. A pipeline that copies its scheduler (deep or shallow: one per
 stream, as audio-video pipelines do) gets copies that step themselves, unrecorded; other schedulers are never
 touched; a pipeline that steps itself simply records no step. An earlier design put a closure on the instance,
@@ -31,6 +32,25 @@ def tensor_of(output: Any, field: str) -> torch.Tensor | None:
         return output[0]
     value = getattr(output, field, None)
     return value if isinstance(value, torch.Tensor) else None
+
+
+def _same_class(cls: type) -> type:
+    """The metaclass of the recording subclass of `cls`: a class that compares equal to `cls` and hashes like it, so
+    a pipeline testing `type(self.scheduler) != FlowMatchEulerDiscreteScheduler` (Bria's does, before it calls
+    `scale_model_input`) or keying a table by the scheduler's class takes the branch it takes without the capture."""
+    meta = type(cls)
+
+    class Same(meta):
+        def __eq__(self, other):
+            return True if other is cls or other is self else NotImplemented
+
+        def __ne__(self, other):
+            return False if other is cls or other is self else NotImplemented
+
+        def __hash__(self):
+            return hash(cls)
+
+    return Same
 
 
 class SchedulerSteps:
@@ -72,8 +92,8 @@ class SchedulerSteps:
                 tap._record(signature, (scheduler, *args), kwargs, output)
             return output
 
-        recording = type(cls.__name__, (cls,), {"step": step, "__module__": cls.__module__,
-                                                "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+        recording = _same_class(cls)(cls.__name__, (cls,), {"step": step, "__module__": cls.__module__,
+                                                            "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
         try:
             self.scheduler.__class__ = recording
         except TypeError:  # a layout that refuses another class: steps are not seen, the call is untouched

@@ -134,7 +134,7 @@ SPECS = [
     PipelineSpec("nucleusmoe", "NucleusMoEImagePipeline", "image",
                  "Nucleus-MoE: image queries on image + padded text keys; packed experts, expert-choice routing, "
                  "a shared expert; 64x64 -> 64 tokens", build_nucleusmoe,
-                 _image(size=64, guidance_scale=4.0, negative_prompt="blurry", return_index=-2)),
+                 _image(size=64, guidance_scale=4.0, negative_prompt="blurry", return_index=-2), family=False),
     PipelineSpec("prx", "PRXPipeline", "image", "PRX: single-stream blocks, cross-attention to T5Gemma",
                  build_prx, _image(guidance_scale=4.0, use_resolution_binning=False)),
     PipelineSpec("omnigen", "OmniGenPipeline", "image",

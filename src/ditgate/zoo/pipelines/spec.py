@@ -17,6 +17,7 @@ class PipelineSpec:
     build: Callable[[int], Any] = field(repr=False)
     call: dict[str, Any] = field(default_factory=dict)  # default pipeline call arguments
     image: bool = False  # the call needs an input image (edit, image-to-video, inpaint)
+    family: bool = True  # cache-dit registers an adapter for it (False: a trait to test that no family has)
 
 
 def image_call(steps: int = 6, size: int = 32, **extra) -> dict[str, Any]:
