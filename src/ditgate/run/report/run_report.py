@@ -109,13 +109,6 @@ def _row_record(state, base, profile, cfg=None) -> dict[str, Any]:
 OVERHEAD_PARTS = ("launch_s", "load_s", "restore_s", "setup_s")
 
 
-def _twin_time(twin: dict[str, Any] | None) -> float | None:
-    """The run's wall that went to the twin rows: all of theirs when they ran first, only what the run waited for
-    them at its end when they ran beside the model's rows."""
-    twin = twin or {}
-    return twin.get("waited_s") if twin.get("beside") else twin.get("wall_s")
-
-
 def time_summary(rows: list[dict[str, Any]], wall_s: float | None, launch: str | None,
                  checks: list[dict[str, Any]] = (), twin_s: float | None = None) -> dict[str, Any]:
     """Where the run's wall time went: the rows' generations, and the overhead by kind (rows resumed from an
@@ -163,7 +156,7 @@ def build(run_dir: Path, cfg, states: list, wall_s: float | None = None, profile
         "wall_s": wall_s,
         "flops": predict.flops_summary(profile),
         "prediction_note": profile_note,
-        "time": time_summary(rows, wall_s, getattr(cfg, "launch", None), checks, _twin_time(twin)),
+        "time": time_summary(rows, wall_s, getattr(cfg, "launch", None), checks, twin_report.wall_share(twin)),
         "rows": rows,
         "reused": {r["name"]: r["reused_from"] for r in [*rows, *checks] if r.get("reused_from")},
         "produced_size": produced_size(run_dir, rows),

@@ -55,3 +55,10 @@ def section(report: dict[str, Any]) -> list[str]:
     lines += ["", "A row passes only when both pass: the twin proves the integration's structure where faults "
                   "cannot hide (float32 tensor rule), the model its numerics at scale (the calibrated floor)."]
     return lines
+
+
+def wall_share(twin: dict[str, Any] | None) -> float | None:
+    """The run's wall that went to the twin rows: all of theirs when they ran first, only what the run waited for
+    them at its end when they ran beside the model's rows."""
+    twin = twin or {}
+    return twin.get("waited_s") if twin.get("beside") else twin.get("wall_s")
