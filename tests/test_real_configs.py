@@ -183,3 +183,17 @@ def test_planted_faults_are_caught():
     assert any("ignores ['num_single_layer']" in p for p in _problems("flux1-dev", "transformer", cls, typo))
     shallow = dict(config, num_single_layers=30)  # 38 -> 30 single blocks: 11.9B -> 10.2B
     assert any("published 12.000B" in p for p in _problems("flux1-dev", "transformer", cls, shallow))
+
+
+@pytest.mark.full  # builds the twin's components until the scheduler's import fails: about 11 s
+def test_a_library_a_component_needs_is_named_in_one_line(run_cli, tmp_path):
+    """Stable Audio Open's scheduler needs torchsde: without it the twin (and any command loading the model) ends in
+    one line naming the library, exit 2, not a traceback."""
+    try:
+        import torchsde  # noqa: F401
+        pytest.skip("torchsde is installed here")
+    except ImportError:
+        pass
+    code, _, err = run_cli("twin", str(CONFIGS / "stable-audio-open-1.0"), str(tmp_path / "out"))
+    assert code == 2 and "torchsde" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()  # nothing half-built left behind

@@ -147,6 +147,13 @@ def _run(args: argparse.Namespace) -> int:
     except DitgateError as exc:
         print(f"ditgate: error: {exc}", file=sys.stderr)
         return 2
+    except ImportError as exc:  # a library the model's components need is not installed (diffusers says which)
+        text = " ".join(str(exc).split())
+        if "requires the" not in text or "library" not in text:
+            raise
+        print(f"ditgate: error: a component of the model needs a library that is not installed: {text}",
+              file=sys.stderr)
+        return 2
     except OSError as exc:  # the file system refused: a path that is a file, unwritable, a full disk
         print(f"ditgate: error: {_os_error(exc)}", file=sys.stderr)
         return 2
