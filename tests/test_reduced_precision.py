@@ -22,7 +22,7 @@ from ditgate.core import request
 from ditgate.gates import floor as floor_rule
 from ditgate.gates.first_step import check as first_step_check
 from ditgate.metrics.frames import chunk_boundaries, frame_scores
-from ditgate.run.define import rows
+from ditgate.run.define import configs, rows
 from ditgate.core.model import Model
 from ditgate.run.runner import RunConfig, run
 
@@ -110,7 +110,7 @@ def test_list_rows_names_the_calibration_row(run_cli):
 
 def test_cache_config_sets_the_default_cache_rows():
     chosen = rows.with_cache_config(rows.select(rows.DEFAULT_ROWS, "cache,cache+ulysses-2"),
-                                    rows.parse_cache_config(["max_warmup_steps=3", "mask=fast"]))
+                                    configs.parse_cache_config(["max_warmup_steps=3", "mask=fast"]))
     by_name = {r.name: r for r in chosen}
     for name in ("cache", "cache+ulysses-2"):
         assert by_name[name].cache == rows.DEFAULT_CACHE | {"max_warmup_steps": 3, "mask": "fast"}

@@ -31,6 +31,7 @@ from ditgate.run.exec.folder import (FolderLock, RunFolderError, check_options, 
                                 abandon, copy_finished_rows, default_out, prepare, versions)
 from ditgate.run.exec.folder import done as _done
 from ditgate.run.exec.worker import warm_calls
+from ditgate.run.define.preflight import why_not
 from ditgate.run.define.rows import Row
 
 
@@ -81,13 +82,6 @@ class RowState:
                 and (self.twin is None or self.twin["status"] != "failed"))
 
 
-def preflight(cfg: RunConfig, row: Row) -> str | None:
-    """Why `row` cannot run here, said before loading any weights; None when it can (see ditgate.run.define.preflight)."""
-    from ditgate.run.define import preflight as checks
-
-    return checks.why_not(row, model_path=cfg.model.path, request=cfg.model.request, device=cfg.model.device)
-
-
 class Runner:
     def __init__(self, cfg: RunConfig, progress: Callable[[str], None] | None = None, profile=None):
         self.cfg = cfg
@@ -133,7 +127,7 @@ class Runner:
                 self._record(self.states[row.name], done | {"resumed": True})
                 continue
             store.discard_result(self.run_dir, row.name)
-            reason = preflight(self.cfg, row)
+            reason = why_not(row, model_path=self.model.path, request=self.model.request, device=self.model.device)
             if reason:
                 self._error(row, f"not run: {reason}", preflight=True)
                 continue

@@ -127,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
 
     checklists = [load(name) for name in _names(args.phase)]
     from ditgate.commands.model.options import use_cache_dit_from, use_split_dims_from, with_variants
-    from ditgate.run.define.rows import parse_cache_config
+    from ditgate.run.define.configs import parse_cache_config
 
     use_cache_dit_from(args)
     use_split_dims_from(args)

@@ -61,6 +61,7 @@ def _reuse(fresh: bool) -> bool:
 def main(args: argparse.Namespace) -> int:
     from ditgate.run.report import run_report as report_mod
     from ditgate.run.define import rows as rows_mod
+    from ditgate.run.define.configs import parse_cache_config
     from ditgate.run.report import junit
     from ditgate.run.runner import RunConfig, run
 
@@ -68,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
     use_cache_dit_from(args)
     base = rows_mod.load_rows(args.rows_file) if args.rows_file else list(rows_mod.DEFAULT_ROWS)
     chosen = rows_mod.with_cache_config(rows_mod.require_some(rows_mod.select(base, args.rows), args.rows),
-                                      rows_mod.parse_cache_config(args.cache_config))
+                                      parse_cache_config(args.cache_config))
     if args.list_rows and args.json:
         print(json.dumps([row.to_dict() | {"world_size": row.world_size, "description": row.description}
                           for row in chosen], indent=2, default=str))

@@ -1,12 +1,16 @@
 """The cache-dit configuration objects a row asks for: its cache (DBCacheConfig, with a static schedule from a mask
 and a TaylorSeer calibrator), its parallelism (ParallelismConfig) and its quantization (QuantizeConfig). Built
-before anything loads, so a row cache-dit would refuse is refused by the preflight with its reason.
+before anything loads, so a row cache-dit would refuse is refused by the preflight with its reason. Also
+`--cache-config KEY=VALUE` read into cache-dit's own fields (`parse_cache_config`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from ditgate.core.errors import DitgateError
-from ditgate.run.define.rows import Row
+from ditgate.run.define.rows import _CACHE_EXTRAS, Row, RowError
 
 MASK_POLICIES = ("slow", "medium", "fast", "ultra")  # cache_dit.steps_mask(mask_policy=...)
 
@@ -70,3 +74,26 @@ def quantize_config(row: Row):
         return cache_dit.QuantizeConfig(**row.quantize)
     except (TypeError, AssertionError, ValueError, ImportError) as exc:
         raise DitgateError(f"row {row.name!r}: invalid quantization: {exc}") from None
+
+
+def parse_cache_config(items: list[str] | None) -> dict[str, Any]:
+    """`--cache-config KEY=VALUE ...`: cache-dit's own DBCacheConfig field names (plus ditgate's `mask` and
+    `taylorseer`), each value read as YAML (4, 0.08, true, [1, 0, 1], alternate)."""
+    import cache_dit
+    import yaml
+
+    known = {f.name for f in dataclasses.fields(cache_dit.DBCacheConfig)} | _CACHE_EXTRAS
+    fields: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise RowError(f"--cache-config {item!r}: write KEY=VALUE (e.g. max_warmup_steps=4)")
+        if key not in known:
+            raise RowError(f"--cache-config {key}: not a field of cache_dit.DBCacheConfig; known: "
+                           f"{', '.join(sorted(known))}")
+        try:
+            fields[key] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise RowError(f"--cache-config {key}: cannot read the value {text!r}") from None
+    return fields

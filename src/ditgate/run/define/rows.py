@@ -373,29 +373,6 @@ def select(rows: list[Row] | tuple[Row, ...], names: str | list[str] | None) -> 
     return list(chosen.values())
 
 
-def parse_cache_config(items: list[str] | None) -> dict[str, Any]:
-    """`--cache-config KEY=VALUE ...`: cache-dit's own DBCacheConfig field names (plus ditgate's `mask` and
-    `taylorseer`), each value read as YAML (4, 0.08, true, [1, 0, 1], alternate)."""
-    import cache_dit
-    import yaml
-
-    known = {f.name for f in dataclasses.fields(cache_dit.DBCacheConfig)} | _CACHE_EXTRAS
-    fields: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise RowError(f"--cache-config {item!r}: write KEY=VALUE (e.g. max_warmup_steps=4)")
-        if key not in known:
-            raise RowError(f"--cache-config {key}: not a field of cache_dit.DBCacheConfig; known: "
-                           f"{', '.join(sorted(known))}")
-        try:
-            fields[key] = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise RowError(f"--cache-config {key}: cannot read the value {text!r}") from None
-    return fields
-
-
 def with_cache_config(rows: list[Row], fields: dict[str, Any]) -> list[Row]:
     """`rows` with every row that uses the default cache configuration (DEFAULT_CACHE) given `fields` on top of it."""
     if not fields:
