@@ -216,3 +216,52 @@ def test_wan22_plugin_adapts_both_experts_and_one_left_out_fails_naming_it(run_c
         assert rows[name]["status"] in ("failed", "error"), (name, rows[name]["status"])
         said = json.dumps(rows[name]["proofs"]) + " ".join(rows[name].get("reasons") or [])
         assert "transformer_2" in said, (name, said[:400])
+
+
+CHAIN_CALL = ("--dtype", "float32", "--height", "32", "--width", "32", "--steps", "4", "--prompt", "a red cube")
+
+
+@pytest.mark.full
+def test_a_chained_modulation_pair_is_reported_and_its_first_kept_whole_passes_tp(run_cli, tmp_path):
+    """diffusers' FluxPipeline with examples/tinychain's transformer (FLUX.1's, its double blocks' AdaLayerNormZero
+    modulation a Linear(64, 16) feeding a Linear(16, 384)): inspect reports the chain; the scaffold keeps the first
+    whole and shards the second Colwise with a replicated output, and tp-2 passes; both Colwise crashes tp-2 in the
+    second Linear (it receives half of the first's features)."""
+    import torch
+
+    from ditgate.core.examples import ensure_importable
+    from ditgate.zoo import builders
+
+    ensure_importable("tinychain")
+    from tinychain import TinyChainTransformer2DModel
+
+    pipe = builders.build_flux(0)
+    torch.manual_seed(0)
+    pipe.register_modules(transformer=TinyChainTransformer2DModel(modulation_rank=16))
+    folder = tmp_path / "tinychain"
+    pipe.save_pretrained(folder)
+    code, stdout, err = run_cli("inspect", folder, *CHAIN_CALL, "--json")
+    assert code == 0, err
+    anatomy = json.loads(stdout)
+    assert ["transformer.transformer_blocks.*.norm1.linear.0", "transformer.transformer_blocks.*.norm1.linear.1"] \
+        in anatomy["traits"]["linear_chains"]
+    styles = {r["layer"]: r["style"] for r in anatomy["tp_layers"]["FluxTransformerBlock"]}
+    assert styles["norm1.linear.0"].startswith("keep whole: its output feeds `norm1.linear.1`"), styles
+    out = tmp_path / "chain.py"
+    code, _, err = run_cli("scaffold", folder, *CHAIN_CALL, "--out", out, "--no-run")
+    assert code == 0, err
+    text = out.read_text()
+    assert "`norm1.linear.0` feeds `norm1.linear.1` (observed): `norm1.linear.0` kept whole" in text
+    assert '"norm1.linear.1": ColwiseParallel(output_layouts=Replicate())' in text and '"norm1.linear.0"' not in text
+    both = tmp_path / "chain_both_colwise.py"
+    both.write_text(text.replace('plan = {"attn.to_q"', 'plan = {"norm1.linear.0": ColwiseParallel(), "attn.to_q"'))
+    assert '"norm1.linear.0": ColwiseParallel()' in both.read_text()
+    statuses = {}
+    for plugin in (out, both):
+        code, stdout, _ = run_cli("run", folder, *CHAIN_CALL, "--rows", "tp-2", "--twin", "off", "--integration",
+                                  plugin, "--out", tmp_path / plugin.stem, "--json")
+        (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "tp-2"]
+        statuses[plugin.stem] = (code, row["status"], " ".join(row["reasons"]))
+    assert statuses["chain"][:2] == (0, "passed"), statuses
+    code, status, reasons = statuses["chain_both_colwise"]
+    assert code == 1 and status == "error" and "norm1.linear.1" in reasons, statuses
