@@ -140,12 +140,26 @@ def worker(job: dict) -> None:
         timed("scaffold", survey_scaffold.command(folder, *job["scaffold"]))
 
 
+RUNNING: set = set()  # the workers running now (each the leader of its own process group)
+STOPPING = threading.Event()  # set on SIGTERM/SIGINT: no new worker starts, the running ones are ended
+
+
+def stop(signum, frame) -> None:
+    """End every running worker with what it started; the survey then writes what it has and exits."""
+    STOPPING.set()
+    for proc in list(RUNNING):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def steps_file(folder: Path, scaffold_only: bool = False) -> Path:
     """The worker's record of its steps (a `--scaffold-only` survey keeps its own beside the full survey's)."""
     return folder.with_name(folder.name + (".scaffold.steps.json" if scaffold_only else ".steps.json"))
 
 
-def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_options: dict[str, bool]) -> None:
+def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_options: dict[str, bool]) -> bool:
     start = time.monotonic()
     folder = work / entry.name.replace("/", "+")
     run_dir = folder.with_name(folder.name + ".run")
@@ -163,22 +177,27 @@ def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_option
            "scaffold": [str(plugin), str(scaffold_run)] if args.scaffold or args.scaffold_only else None,
            "scaffold_only": args.scaffold_only,
            "image": {k: image if v else [] for k, v in image_options.items()}}
+    if STOPPING.is_set():
+        return False
     # its own session, so that a pipeline past its time limit is ended with every process it started (torchrun)
     proc = subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(job)], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    RUNNING.add(proc)
     try:
         proc.wait(timeout=args.timeout)
-        late = None
+        late = "stopped (the survey was stopped)" if STOPPING.is_set() else None
     except subprocess.TimeoutExpired:
         late = f"timed out after {args.timeout:.0f} s"
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    RUNNING.discard(proc)
     steps = json.loads(result.read_text()) if result.is_file() else {}
     steps["seconds"] = time.monotonic() - start
     if late:
         steps["late"] = late
     result.write_text(json.dumps(steps))
     judge(entry, work, steps, args.skip_parallel)
+    return True
 
 
 def judge(entry: Entry, work: Path, steps: dict, skip_parallel: bool) -> None:
@@ -340,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             e.scaffold = {}
     if not args.collect:
         survey_steps.test_image(work / "input.png")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), DITGATE_HOME=str(work / "home"))
+    env = dict(os.environ, DITGATE_HOME=str(work / "home"),
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p))
     if args.jobs > 1:  # N pipelines at once: each worker and the ranks it starts on one thread
         os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -386,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     todo.sort(key=last_time, reverse=True)  # the slowest first, so that the last to end is a short one
 
     def one(entry: Entry) -> None:
-        survey_one(entry, work, args, env, image_options)
+        if not survey_one(entry, work, args, env, image_options):
+            return  # the survey was stopped before this pipeline started
         with lock:
             finished.append(entry)
             write(time.monotonic() - start)
@@ -399,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
 
     from concurrent.futures import ThreadPoolExecutor
+
+    signal.signal(signal.SIGTERM, stop)  # `timeout` ends the survey: its workers end too, its results are written
+    signal.signal(signal.SIGINT, stop)
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, todo))
