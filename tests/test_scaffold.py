@@ -180,3 +180,39 @@ def test_tinymoe_long_skip_is_split_where_the_stream_is_made(run_cli, tmp_path):
     (row,) = [r for r in json.loads((tmp_path / "block0" / "report.json").read_text())["rows"]
               if r["name"] == "cp-ulysses-2"]
     assert code == 1 and row["status"] in ("failed", "error"), row["status"]
+
+
+@pytest.mark.full
+def test_wan22_plugin_adapts_both_experts_and_one_left_out_fails_naming_it(run_cli, tmp_path):
+    """Wan 2.2 (zoo:pipe/wan22, diffusers' WanPipeline with two experts): the scaffold's adapter names both
+    transformers, with the steps each serves, and its cache, cp-ulysses-2 and tp-2 act on both and pass; the same
+    plugin adapting only `transformer` (a Wan 2.1 adapter) fails the three rows naming transformer_2."""
+    out = tmp_path / "wan22.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/wan22", "--steps", "8", "--out", out, "--run-dir",
+                                tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    assert "# transformer: 6 calls, steps 0-2, 2 per step (cond and uncond)" in text
+    assert "# transformer_2: 10 calls, steps 3-7, 2 per step (cond and uncond)" in text
+    assert "transformer=[pipe.transformer, pipe.transformer_2]" in text and "NOT HANDLED" not in text
+    assert "`transformer`, `transformer_2`: class WanTransformer3DModel, the same block lists" in text
+    rows = {r["name"]: r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"]}
+    for name, feature in (("cache", "cache"), ("cp-ulysses-2", "cp"), ("tp-2", "tp")):
+        proof = next(p for p in rows[name]["proofs"] if p["feature"] == feature)
+        assert rows[name]["status"] == "passed" and proof["coverage"] == {"transformer": "acted",
+                                                                          "transformer_2": "acted"}, proof
+    one = tmp_path / "wan22_first_only.py"
+    one.write_text(text.replace("transformer=[pipe.transformer, pipe.transformer_2]", "transformer=pipe.transformer")
+                   .replace("blocks=[[pipe.transformer.blocks], [pipe.transformer_2.blocks]]",
+                            "blocks=[pipe.transformer.blocks]")
+                   .replace("forward_pattern=[[cache_dit.ForwardPattern.Pattern_2], "
+                            "[cache_dit.ForwardPattern.Pattern_2]]", "forward_pattern=[cache_dit.ForwardPattern.Pattern_2]"))
+    assert "pipe.transformer_2.blocks" not in one.read_text()
+    code, stdout, _ = run_cli("run", "zoo:pipe/wan22", "--rows", "cache,cp-ulysses-2,tp-2", "--twin", "off",
+                              "--steps", "8", "--integration", one, "--out", tmp_path / "one", "--json")
+    assert code == 1
+    rows = {r["name"]: r for r in json.loads(stdout)["rows"]}
+    for name in ("cache", "cp-ulysses-2", "tp-2"):
+        assert rows[name]["status"] in ("failed", "error"), (name, rows[name]["status"])
+        said = json.dumps(rows[name]["proofs"]) + " ".join(rows[name].get("reasons") or [])
+        assert "transformer_2" in said, (name, said[:400])

@@ -160,15 +160,72 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
             f"CP_SPLIT_DIMS = {{{body}}}"]
 
 
+def _adapter(a, by_t: dict[str, list], alike: list[str]) -> tuple[list[str], list[str]]:
+    """`block_adapter` over every transformer whose block lists all have a ForwardPattern (cache-dit enables cache
+    and parallelism on the transformers its adapter names, so one left out runs uncached and whole on every rank),
+    and the guard the CP/TP plans start with where a transformer is not of the first one's class and layout."""
+    from ditgate.inspect.model import serves
+
+    first = next(iter(by_t))
+    adapted = [t for t in by_t if all(b.pattern for b in by_t[t])]
+    cache = ["def block_adapter(pipe):"]
+    for t in by_t:
+        cache.append(f"    # {serves(a, t)}" + ("" if t in adapted else " -- NOT HANDLED: no ForwardPattern fits "
+                     f"{[b.attribute for b in by_t[t] if not b.pattern]}, so it is left out of the adapter"))
+        for b in by_t[t]:
+            cache.append(f"    #   `{t}.{b.attribute}`: {b.length} x {b.block_class}, returns {b.outputs} -> "
+                         f"{b.pattern} ({b.pattern_reason})")
+    silent = [t for t, n in a.transformer_calls.items() if n and t not in by_t]
+    if silent:
+        cache.append(f"    # NOT HANDLED: {silent} called, with no block list observed: left out of the adapter")
+    if len(adapted) > 1:
+        cache.append(f"    # every transformer the pipeline calls is adapted: one left out would run uncached and, "
+                     "under CP/TP, whole on every rank (the cache, cp and tp rows name it)")
+    cache.append(f"    # {a.calls_per_step:g} transformer call(s) per step -> has_separate_cfg={a.has_separate_cfg}; "
+                 "the other value is told apart by the cache row" if a.calls_per_step is not None else
+                 "    # calls per step not measured")
+    unchecked = [f"{b.transformer}.{b.attribute}" for t in adapted for b in by_t[t] if b.check_forward_pattern is False]
+    if unchecked:
+        cache.append(f"    # cache-dit's static check of the block parameter names fails for {unchecked} (the pattern "
+                     "was observed from what the blocks do): check_forward_pattern=False")
+    listed = lambda items: "[" + ", ".join(items) + "]"  # noqa: E731
+    per_t = lambda f: [[f(b) for b in by_t[t]] for t in adapted]  # noqa: E731  one list per transformer
+    blocks, patterns = per_t(lambda b: f"pipe.{b.transformer}.{b.attribute}"), \
+        per_t(lambda b: f"cache_dit.ForwardPattern.{b.pattern}")
+    if len(adapted) > 1:  # cache-dit's nested form: [[lists of transformer], [lists of transformer_2]]
+        blocks, patterns = listed(map(listed, blocks)), listed(map(listed, patterns))
+    else:
+        blocks, patterns = listed(blocks[0]), listed(patterns[0])
+    modules = ", ".join(f"pipe.{t}" for t in adapted)
+    cache += [f"    return cache_dit.BlockAdapter(pipe=pipe, transformer={listed([modules]) if len(adapted) > 1 else modules},",
+              f"                                  blocks={blocks},",
+              f"                                  forward_pattern={patterns}, has_separate_cfg={a.has_separate_cfg}"
+              + (", check_forward_pattern=False" if unchecked else "") + ")", "", ""]
+    guard = []
+    if len(by_t) > 1:
+        cls = next((c.cls for c in a.components.get("transformers", []) if c.name == first), None)
+        guard.append(f"    # called for each adapted transformer; {', '.join(f'`{t}`' for t in alike)}: class {cls}, "
+                     "the same block lists: this plan serves " + ("each" if len(alike) > 1 else "it"))
+        others = [t for t in adapted if t not in alike]
+        if others:
+            guard += [f"    # NOT HANDLED: {others} are of another class or block layout, and this plan was derived "
+                      f"from `{first}`'s call only: write theirs by hand",
+                      f"    if type(transformer).__name__ != {cls!r}:",
+                      f"        raise NotImplementedError(f\"no plan for {{type(transformer).__name__}} (scaffolded from "
+                      f"{first}, {cls})\")"]
+    return cache, guard
+
+
 def plugin_source(observed: Observed) -> str:
     """The plugin file's text."""
     a = observed.anatomy
     called = [b for b in a.block_lists if b.called]
     if not called:
         raise DitgateError("inspect saw no block list called: nothing to scaffold")
-    transformer = called[0].transformer
-    lists = [b for b in called if b.transformer == transformer]
-    others = sorted({b.transformer for b in called} - {transformer})
+    by_t: dict[str, list] = {}
+    for b in called:
+        by_t.setdefault(b.transformer, []).append(b)
+    transformer, lists = next(iter(by_t.items()))
     unpatterned = [b.attribute for b in lists if not b.pattern]
     if unpatterned:
         raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {unpatterned} (work between the block "
@@ -182,37 +239,22 @@ def plugin_source(observed: Observed) -> str:
             "from torch.distributed._tensor import Replicate",
             "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module",
             "", ""]
-    blocks = ", ".join(f"t.{b.attribute}" for b in lists)
-    patterns = ", ".join(f"cache_dit.ForwardPattern.{b.pattern}" for b in lists)
-    cache = ["def block_adapter(pipe):"]
-    for b in lists:
-        cache.append(f"    # `{b.attribute}`: {b.length} x {b.block_class}, returns {b.outputs} -> {b.pattern} "
-                     f"({b.pattern_reason})")
-    cache.append(f"    # {a.calls_per_step:g} transformer call(s) per step -> has_separate_cfg={a.has_separate_cfg}; "
-                 "the other value is told apart by the cache row" if a.calls_per_step is not None else
-                 "    # calls per step not measured")
-    if others:
-        cache.append(f"    # NOT HANDLED: the pipeline also calls {others}; only `{transformer}` is adapted here")
-    unchecked = [b.attribute for b in lists if b.check_forward_pattern is False]
-    if unchecked:
-        cache.append(f"    # cache-dit's static check of the block parameter names fails for {unchecked} (the pattern "
-                     "was observed from what the blocks do): check_forward_pattern=False")
-    cache += [f"    t = pipe.{transformer}",
-              f"    return cache_dit.BlockAdapter(pipe=pipe, transformer=t, blocks=[{blocks}],",
-              f"                                  forward_pattern=[{patterns}], "
-              f"has_separate_cfg={a.has_separate_cfg}" + (", check_forward_pattern=False" if unchecked else "")
-              + ")", "", ""]
+    classes = {c.name: c.cls for c in a.components.get("transformers", [])}
+    shapes = {t: [(b.attribute, b.block_class) for b in ls] for t, ls in by_t.items()}
+    alike = [t for t in by_t if classes.get(t) == classes.get(transformer) and shapes[t] == shapes[transformer]]
+    cache, guard = _adapter(a, by_t, alike)
     entries, notes, code = _cp(observed, transformer, lists[0])
     switches = _split_dims(a, transformer, lists)
     if any("REORDER_MASK" in c for c in code):
         switches.append("REORDER_MASK = True  # the joint key mask in Ulysses' gathered order (see cp_plan)")
     if any("gather_routing" in c for c in code):
         switches.append("GATHER_ROUTING = True  # sequence-dependent routing run on the whole sequence (see cp_plan)")
-    cp = ["def cp_plan(transformer, parallelism_config):", *[f"    # {n}" for n in notes], *code, "    return {",
-          *[f"        {e}," for e in entries], "    }", "", ""]
-    tp = ["def tp_plan(transformer, tp_mesh, parallelism_config):", "    tp = tp_mesh.size()", "    plans = []"]
+    cp = ["def cp_plan(transformer, parallelism_config):", *guard, *[f"    # {n}" for n in notes], *code,
+          "    return {", *[f"        {e}," for e in entries], "    }", "", ""]
+    tp = ["def tp_plan(transformer, tp_mesh, parallelism_config):", *guard, "    tp = tp_mesh.size()", "    plans = []"]
     heads = a.attention.heads
-    chains = [(x.split(".*.", 1)[-1], y.split(".*.", 1)[-1]) for x, y in a.traits.linear_chains]
+    chains = list(dict.fromkeys((x.split(".*.", 1)[-1], y.split(".*.", 1)[-1]) for x, y in a.traits.linear_chains
+                                if x.startswith(transformer + ".")))
     for key, rows in a.tp_layers.items():
         cls, _, span_text = key.partition("[")
         listed = [b for b in lists if b.block_class == cls]
