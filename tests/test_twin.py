@@ -235,3 +235,21 @@ def test_a_class_conditioned_pipeline_twins_without_a_prompt(run_cli, zoo_path, 
     made = twin_json(run_cli, zoo_path("pipe/dit"), tmp_path / "twin")
     assert "prompt" not in made["call"] and made["call"]["class_labels"] == [0], made["call"]
     assert made["checks"]["output_change"] > 1e-3
+
+
+def test_a_denoiser_with_an_embedder_list_keeps_a_block_for_the_cache_to_skip():
+    """Wan image-to-video's transformer holds a second ModuleList (its image embedder's feed-forward `net`) that no
+    config key counts: it is no block list, so the one block list keeps two blocks (with one, a cache computing
+    the first block had nothing to skip: 'cache did not act' on the twins of wan-i2v and chronoedit)."""
+    from diffusers import WanTransformer3DModel
+
+    from ditgate.twin import cut
+    from ditgate.twin.meta import DIFFUSERS
+
+    config = {"attention_head_dim": 12, "ffn_dim": 32, "freq_dim": 256, "image_dim": 16, "in_channels": 36,
+              "num_attention_heads": 4, "num_layers": 3, "out_channels": 16, "patch_size": [1, 2, 2],
+              "rope_max_seq_len": 32, "text_dim": 32, "qk_norm": "rms_norm_across_heads", "cross_attn_norm": True}
+    plan = cut.plan(WanTransformer3DModel, DIFFUSERS, config, "transformer", denoiser=True)
+    blocks = next(c for c in plan.cuts if c.path == "blocks")
+    assert blocks.after == 2 and "skip" in blocks.why, blocks
+    assert "condition_embedder.image_embedder.ff.net" in plan.whole

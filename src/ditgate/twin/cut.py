@@ -64,7 +64,8 @@ def plan(cls, library: Library, config: dict[str, Any], what: str, *, min_layers
          need_reason: str = "", denoiser: bool = False) -> Plan:
     """The cut of the component `cls(config)`; `min_layers` is the fewest blocks a text model's main list keeps
     (hidden-state indices the pipeline reads, `need_reason` says which). A `denoiser` with a single block list keeps
-    two blocks of it: a cache computes the first block (`Fn_compute_blocks=1`) and must have one behind it to skip."""
+    two blocks of it: a cache computes the first block (`Fn_compute_blocks=1`) and must have one behind it to skip
+    (only lists a config key counts are block lists here: a feed-forward's `net` in an embedder is not one)."""
     source = on_meta(cls, library, config, what)
     config = full_config(source, library, config)
     lists = blocks_mod.block_lists(source)
@@ -77,7 +78,7 @@ def plan(cls, library: Library, config: dict[str, Any], what: str, *, min_layers
     for group in groups:
         need = min_layers if not any(part in _NOT_TEXT for k in group.key for part in k.lower().split("_")) else 1
         why = need_reason
-        if denoiser and len(lists) == 1:
+        if denoiser and len(counted) == 1:
             need, why = max(need, 2), "a cache computing the first block has the second to skip"
         found = _cut_group(cls, library, current, current_model, source, group, need, what, why)
         if isinstance(found, str):
