@@ -1,6 +1,7 @@
 """Real diffusers pipelines through ditgate: one or more tiny pipelines per model family cache-dit registers.
 
-    python benchmarks/pipeline_survey.py [--only NAME,...] [--skip-parallel] [--timeout S] [--out FILE]
+    python benchmarks/pipeline_survey.py [--only NAME,...] [--skip-parallel] [--twin] [--scaffold | --scaffold-only]
+                                         [--jobs N] [--timeout S] [--out FILE] [--work DIR]
 
 The families are the prefixes of cache-dit's `BlockAdapterRegister`, read when the survey runs (a newer cache-dit
 extends the list). Each zoo model (`ditgate.zoo`, `ditgate.zoo.pipelines`) whose pipeline class falls under a
@@ -14,7 +15,14 @@ family the way cache-dit matches it (the first registered prefix the class name 
    `--image FILE` (a seeded gradient written here) where `ditgate run` has the option;
 4. with `--twin`: `ditgate twin DIR TWIN` (the twin built from the tiny copy's folder) and the same rows on the twin,
    `ditgate run TWIN --rows ...`. The `twin` column says whether every row's verdict on the twin equals its verdict
-   on the tiny copy (`agree`) or not (`DIFFER`, the rows and the twin's reasons under reason).
+   on the tiny copy (`agree`) or not (`DIFFER`, the rows and the twin's reasons under reason);
+5. with `--scaffold`: `ditgate scaffold DIR` (a plugin written from the observed call, cache-dit's own adapter and
+   planners unused, its cache, cp-ulysses-2 and tp-2 rows run on the folder's float32 twin), judged by
+   benchmarks/survey_scaffold.py into a table of its own; `--scaffold-only` runs just the build and this step and
+   keeps the other columns from the records of the last survey.
+
+`--jobs N` surveys N pipelines at once, each worker single-threaded (OMP_NUM_THREADS=1), the slowest of the last
+survey first; the Markdown and JSON are rewritten as each pipeline ends, so a survey cut short keeps what it did.
 
 Writes benchmarks/results/pipeline_survey.md (pipeline | family | built | inspect | cache | cp-ulysses-2 | tp-2 |
 twin | reason), keeping the hand-written classification below its marker line, and prints the table and the wall time.
@@ -26,9 +34,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
+import signal
 import subprocess
+import threading
 import sys
 import tempfile
 import time
@@ -37,6 +46,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import survey_scaffold  # noqa: E402 - the scaffold column, beside this file
+import survey_steps  # noqa: E402 - one ditgate command in a worker and what it printed
 RESULTS = ROOT / "benchmarks" / "results" / "pipeline_survey.md"  # and .json beside it, one record per pipeline
 MARKER = "<!-- classification: written by hand, kept when the survey rewrites the table above -->"
 PARALLEL_ROWS = {"cp-ulysses-2": "cp_planners", "tp-2": "tp_planners"}
@@ -51,6 +63,7 @@ class Entry:
     cells: dict[str, str] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    scaffold: dict = field(default_factory=dict)  # the scaffold column (survey_scaffold.judge), when it ran
 
 
 def families() -> list[str]:
@@ -85,143 +98,119 @@ def uncovered(prefixes: list[str], covered: set[str]) -> dict[str, list[str]]:
     return {p: sorted(c for c in classes if family_of(c, prefixes) == p) for p in prefixes if p not in covered}
 
 
-def _last_error(text: str) -> str:
-    """The last line of a command's output that reads as an error (a traceback's last line, a ditgate error)."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for line in reversed(lines):
-        if re.match(r"^([A-Za-z_.]+(Error|Exception)|error|ditgate: error|AssertionError)\b", line) or "Error:" in line:
-            if " with {" in line and "} failed: " in line:  # "running X with {the call} failed: E": X and E
-                line = line.split(" with {", 1)[0] + ": " + line.split("} failed: ", 1)[1]
-            return line[:300]
-    return (lines[-1][:300] if lines else "no output")
-
-
-def _where(text: str) -> str:
-    """file:line of the innermost frame of the last traceback in `text` (site-packages paths shortened)."""
-    frames = re.findall(r'File "([^"]+)", line (\d+)', text)
-    if not frames:
-        return ""
-    path, line = frames[-1]
-    return f" ({re.sub(r'^.*/(site-packages|src)/', '', path)}:{line})"
-
-
-STDERR_MARK = "\n--- stderr ---\n"
-
-
-def _has_option(command: str, option: str) -> bool:
-    """Whether `ditgate COMMAND` takes `option` (read from the CLI's own parser)."""
-    from ditgate.cli import build_parser
-
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return option in sub.choices[command]._option_string_actions
-
-
-def _test_image(path: Path) -> Path:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    y, x = np.mgrid[0:64, 0:64]
-    img = np.stack([x * 4, y * 4, 255 - (x + y) * 2], -1).astype(np.float64)
-    img[16:40, 20:44] = rng.integers(0, 255, 3)  # a block of one seeded colour
-    Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(path)
-    return path
-
-
-def _step(argv: list[str]) -> tuple[int, str]:
-    """`ditgate ARGV` in this process: exit status and what it printed (stderr after stdout)."""
-    import contextlib
-    import io
-    import traceback
-
-    from ditgate.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as exc:
-            rc = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:  # a traceback is a result here
-            traceback.print_exc()
-            rc = 1
-    return rc, out.getvalue() + STDERR_MARK + err.getvalue()
-
-
-def inspect_json(out: str) -> dict:
-    """The object `ditgate inspect --json` printed: the last line-initial `{` that parses (progress bars and
-    warnings can come before it)."""
-    stdout = out.split(STDERR_MARK, 1)[0]
-    decoder = json.JSONDecoder()
-    for match in reversed(list(re.finditer(r"(?m)^\{", stdout))):
-        try:
-            found, _ = decoder.raw_decode(stdout, match.start())
-        except ValueError:
-            continue
-        if isinstance(found, dict) and "cache_dit" in found:
-            return found
-    return {}
-
-
 def worker(job: dict) -> None:
     """One pipeline's build, inspect and run, in one process (the imports are paid once); each step's result is
     written to job["result"] as soon as it ends, so a pipeline killed at its time limit keeps the steps it did."""
-    results: dict = {}
+    results: dict = {"scaffold_only": job.get("scaffold_only", False), "scaffold_asked": bool(job.get("scaffold"))}
 
-    def record(step: str, rc: int, out: str) -> None:
-        results[step] = {"rc": rc, "out": out[-400000:]}  # all of an inspect report, the end of a long log
+    def record(step: str, rc: int, out: str, started: float) -> None:
+        results[step] = {"rc": rc, "out": out[-400000:],  # all of an inspect report, the end of a long log
+                         "s": round(time.monotonic() - started, 1)}
         Path(job["result"]).write_text(json.dumps(results))
+
+    def timed(step: str, argv: list[str]) -> None:
+        started = time.monotonic()
+        record(step, *survey_steps.step(argv), started)
 
     folder, image = job["folder"], job["image"]
     results["skip_parallel"] = job["skip_parallel"]
-    record("build", *_step(["zoo", "build", f"zoo:{job['name']}", folder, "--overwrite"]))
+    timed("build", ["zoo", "build", f"zoo:{job['name']}", folder, "--overwrite"])
     if results["build"]["rc"] != 0:
         return
-    rc, out = _step(["inspect", folder, "--json", *image["inspect"]])
-    record("inspect", rc, out)
+    if job.get("scaffold_only"):
+        timed("scaffold", survey_scaffold.command(folder, *job["scaffold"]))
+        return
+    started = time.monotonic()
+    rc, out = survey_steps.step(["inspect", folder, "--json", *image["inspect"]])
+    record("inspect", rc, out, started)
     planners = {}
     if rc == 0:
-        cache_dit = inspect_json(out).get("cache_dit") or {}
+        cache_dit = survey_steps.inspect_json(out).get("cache_dit") or {}
         planners = {k: any((cache_dit.get(k) or {}).values()) for k in PARALLEL_ROWS.values()}
     rows = ["cache"] + [row for row, key in PARALLEL_ROWS.items()
                         if not job["skip_parallel"] and (rc != 0 or planners.get(key))]
     results["rows"] = rows
-    record("run", *_step(["run", folder, "--rows", ",".join(rows), "--out", job["run_dir"], *image["run"]]))
+    timed("run", ["run", folder, "--rows", ",".join(rows), "--out", job["run_dir"], *image["run"]])
     if job.get("twin"):  # the twin of the tiny copy, built from its folder, and the same rows on it
-        record("twin", *_step(["twin", folder, folder + ".twin", "--overwrite", *image["twin"]]))
+        timed("twin", ["twin", folder, folder + ".twin", "--overwrite", *image["twin"]])
         if results["twin"]["rc"] == 0:
-            record("twin_run", *_step(["run", folder + ".twin", "--rows", ",".join(rows), "--out",
-                                       folder + ".twin.run", *image["run"]]))
+            timed("twin_run", ["run", folder + ".twin", "--rows", ",".join(rows), "--out", folder + ".twin.run",
+                               *image["run"]])
+    if job.get("scaffold"):  # a plugin written from the observed call, its rows on the folder's twin
+        timed("scaffold", survey_scaffold.command(folder, *job["scaffold"]))
 
 
-def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_options: dict[str, bool]) -> None:
+RUNNING: set = set()  # the workers running now (each the leader of its own process group)
+STOPPING = threading.Event()  # set on SIGTERM/SIGINT: no new worker starts, the running ones are ended
+
+
+def stop(signum, frame) -> None:
+    """End every running worker with what it started; the survey then writes what it has and exits."""
+    STOPPING.set()
+    for proc in list(RUNNING):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def steps_file(folder: Path, scaffold_only: bool = False) -> Path:
+    """The worker's record of its steps (a `--scaffold-only` survey keeps its own beside the full survey's)."""
+    return folder.with_name(folder.name + (".scaffold.steps.json" if scaffold_only else ".steps.json"))
+
+
+def survey_one(entry: Entry, work: Path, args, env: dict[str, str], image_options: dict[str, bool]) -> bool:
     start = time.monotonic()
     folder = work / entry.name.replace("/", "+")
     run_dir = folder.with_name(folder.name + ".run")
-    result = folder.with_name(folder.name + ".steps.json")
+    result = steps_file(folder, args.scaffold_only)
     result.unlink(missing_ok=True)
-    shutil.rmtree(run_dir, ignore_errors=True)  # ditgate run refuses a folder holding an earlier run
-    shutil.rmtree(f"{folder}.twin.run", ignore_errors=True)
+    if not args.scaffold_only:  # ditgate run refuses a folder holding an earlier run
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(f"{folder}.twin.run", ignore_errors=True)
+    plugin, scaffold_run = survey_scaffold.paths(folder)
+    plugin.unlink(missing_ok=True)
+    shutil.rmtree(scaffold_run, ignore_errors=True)
     image = ["--image", str(work / "input.png")] if entry.image else []
     job = {"name": entry.name, "folder": str(folder), "run_dir": str(run_dir), "result": str(result),
-           "skip_parallel": args.skip_parallel, "twin": args.twin, "image": {k: image if v else [] for k, v in image_options.items()}}
+           "skip_parallel": args.skip_parallel, "twin": args.twin and not args.scaffold_only,
+           "scaffold": [str(plugin), str(scaffold_run)] if args.scaffold or args.scaffold_only else None,
+           "scaffold_only": args.scaffold_only,
+           "image": {k: image if v else [] for k, v in image_options.items()}}
+    if STOPPING.is_set():
+        return False
+    # its own session, so that a pipeline past its time limit is ended with every process it started (torchrun)
+    proc = subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(job)], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    RUNNING.add(proc)
     try:
-        subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], env=env, cwd=ROOT, check=False,
-                       timeout=args.timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        late = None
+        proc.wait(timeout=args.timeout)
+        late = "stopped (the survey was stopped)" if STOPPING.is_set() else None
     except subprocess.TimeoutExpired:
         late = f"timed out after {args.timeout:.0f} s"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    RUNNING.discard(proc)
     steps = json.loads(result.read_text()) if result.is_file() else {}
     steps["seconds"] = time.monotonic() - start
     if late:
         steps["late"] = late
     result.write_text(json.dumps(steps))
     judge(entry, work, steps, args.skip_parallel)
+    return True
 
 
 def judge(entry: Entry, work: Path, steps: dict, skip_parallel: bool) -> None:
-    """The table cells and reasons of one pipeline, from its worker's steps and its run's report.json."""
+    """The table cells and reasons of one pipeline, from its worker's steps and its run's report.json; then the
+    scaffold column's, when the worker ran that step."""
     folder = work / entry.name.replace("/", "+")
+    if not steps.get("scaffold_only"):
+        _judge_columns(entry, folder, steps, skip_parallel)
+    if steps.get("scaffold_asked"):
+        survey_scaffold.judge(entry, folder, steps)
+
+
+def _judge_columns(entry: Entry, folder: Path, steps: dict, skip_parallel: bool) -> None:
     run_dir = folder.with_name(folder.name + ".run")
     late = steps.get("late")
     entry.seconds = steps.get("seconds", 0.0)
@@ -233,7 +222,7 @@ def judge(entry: Entry, work: Path, steps: dict, skip_parallel: bool) -> None:
         entry.cells[column] = ("yes" if column == "built" else "pass") if got["rc"] == 0 else \
             ("no" if column == "built" else "FAIL")
         if got["rc"] != 0:
-            entry.reasons.append(f"{step}: {_last_error(got['out'])}{_where(got['out'])}")
+            entry.reasons.append(f"{step}: {survey_steps.last_error(got['out'])}{survey_steps.where(got['out'])}")
             if step == "build":
                 return
     rows = steps.get("rows", ["cache"])
@@ -247,12 +236,12 @@ def judge(entry: Entry, work: Path, steps: dict, skip_parallel: bool) -> None:
     base = by_name.get("baseline")
     base_failed = base is not None and base.get("status") not in ("passed", "reference")
     if base_failed:  # every row then says only that its baseline failed
-        entry.reasons.append(f"baseline: {_row_reason(base)}")
+        entry.reasons.append(f"baseline: {survey_steps.row_reason(base)}")
     for row in rows:
         got = by_name.get(row)
         if got is None:
             entry.cells[row] = "FAIL"
-            entry.reasons.append(f"{row}: {_last_error(out)}{_where(out)}" if report is None
+            entry.reasons.append(f"{row}: {survey_steps.last_error(out)}{survey_steps.where(out)}" if report is None
                                  else f"{row}: not in the report")
             if report is None:
                 break
@@ -260,7 +249,7 @@ def judge(entry: Entry, work: Path, steps: dict, skip_parallel: bool) -> None:
         passed = got.get("status") == "passed"
         entry.cells[row] = "pass" if passed else "FAIL"
         if not passed and not base_failed:
-            entry.reasons.append(f"{row}: {_row_reason(got)}")
+            entry.reasons.append(f"{row}: {survey_steps.row_reason(got)}")
     for row in rows:
         entry.cells.setdefault(row, "FAIL")
     if "twin" in steps:
@@ -273,7 +262,7 @@ def twin_cell(entry: Entry, steps: dict, rows: list[str], report_path: Path) -> 
         step = "twin" if steps["twin"]["rc"] != 0 else "twin_run"
         out = steps.get(step, {}).get("out", steps.get("late", "the worker ended before this step"))
         entry.cells["twin"] = "no twin" if step == "twin" else "DIFFER"
-        entry.reasons.append(f"{step}: {_last_error(out)}{_where(out)}")
+        entry.reasons.append(f"{step}: {survey_steps.last_error(out)}{survey_steps.where(out)}")
         return
     twin_rows = {r["name"]: r for r in json.loads(report_path.read_text()).get("rows", [])}
     differ = []
@@ -281,18 +270,11 @@ def twin_cell(entry: Entry, steps: dict, rows: list[str], report_path: Path) -> 
         got = twin_rows.get(row)
         verdict = "pass" if got and got.get("status") == "passed" else "FAIL"
         if verdict != entry.cells.get(row):
-            why = _row_reason(got) if got else "not in the twin's report"
+            why = survey_steps.row_reason(got) if got else "not in the twin's report"
             differ.append(f"twin: {row} {entry.cells.get(row)} on the tiny copy, {verdict} on the twin"
                           + (f" ({why})" if verdict == "FAIL" else ""))
     entry.cells["twin"] = "DIFFER" if differ else "agree"
     entry.reasons += differ
-
-
-def _row_reason(row: dict) -> str:
-    """A failed row's first reason, with the innermost frame of its traceback where it raised."""
-    why = str((row.get("reasons") or [row.get("status")])[0]).split(" — ")[0]  # the reason, not the hint after it
-    error = row.get("error") or {}
-    return f"{str(why)[:300]}{_where(error.get('traceback', '')) if isinstance(error, dict) else ''}"
 
 
 COLUMNS = ("built", "inspect", "cache", "cp-ulysses-2", "tp-2", "twin")
@@ -322,6 +304,7 @@ def markdown(done: list[Entry], missing: dict[str, list[str]], runs: list[dict])
         tried = sum(e.cells.get(c) in ("yes", "no", "pass", "FAIL", "agree", "DIFFER", "no twin") for e in done)
         lines.append(f"- {c}: {ok} of {tried} tried")
     lines.append(f"- families covered: {len({e.family for e in done})}")
+    lines += survey_scaffold.markdown(done)
     if missing:
         lines += ["", "Families with no tiny pipeline here (the diffusers classes under each prefix):", ""]
         lines += [f"- {fam}: {', '.join(classes) or 'diffusers ' + diffusers.__version__ + ' ships none'}"
@@ -335,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-parallel", action="store_true", help="run only the cache row")
     parser.add_argument("--twin", action="store_true",
                         help="also build each tiny copy's twin and run the same rows on it (the twin column)")
+    parser.add_argument("--scaffold", action="store_true",
+                        help="also run `ditgate scaffold` on each pipeline (the scaffold column)")
+    parser.add_argument("--scaffold-only", action="store_true",
+                        help="build and scaffold only, keeping the other columns from the last survey's records")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="pipelines surveyed at once, each single-threaded (default 1)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds for one pipeline: build, inspect and rows (default 900)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"Markdown file (default {RESULTS})")
@@ -346,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(json.loads(args.worker))
         return 0
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
 
     start = time.monotonic()
     prefixes = families()
@@ -357,46 +348,95 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--collect needs --work")
     work = args.work or Path(tempfile.mkdtemp(prefix="pipeline_survey."))
     work.mkdir(parents=True, exist_ok=True)
+    # --only and --scaffold-only update their pipelines in the records of the last survey; a full one replaces them
+    records = args.out.with_suffix(".json")
+    old = json.loads(records.read_text()) if (args.only or args.collect or args.scaffold_only) and records.is_file() \
+        else {"entries": [], "runs": []}
+    before = {e["name"]: Entry(**e) for e in old["entries"]}
+    if args.scaffold_only:  # the other columns as the last survey left them
+        todo = [before.get(e.name, e) for e in todo]
+        for e in todo:
+            e.scaffold = {}
     if not args.collect:
-        _test_image(work / "input.png")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), DITGATE_HOME=str(work / "home"))
-    image_options = {cmd: _has_option(cmd, "--image") for cmd in ("run", "inspect")} | {"twin": False}  # its own
-    if args.collect:  # the steps a survey into --work has finished so far, nothing run
-        done = []
-        for entry in todo:
-            result = work / (entry.name.replace("/", "+") + ".steps.json")
-            if result.is_file():
-                judge(entry, work, json.loads(result.read_text()), args.skip_parallel)
-                done.append(entry)
-        todo = done
-        wall = sum(e.seconds for e in todo)  # the pipelines' own time; the runs that wrote --work are not known
-    for entry in todo if not args.collect else []:
-        survey_one(entry, work, args, env, image_options)
-        print(f"{entry.name:<28} " + " ".join(f"{c}={entry.cells.get(c, '-')}" for c in COLUMNS)
-              + f"  {entry.seconds:.0f}s  {'; '.join(entry.reasons)[:200]}", flush=True)
-    wall = wall if args.collect else time.monotonic() - start
+        survey_steps.test_image(work / "input.png")
+    env = dict(os.environ, DITGATE_HOME=str(work / "home"),
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p))
+    if args.jobs > 1:  # N pipelines at once: each worker and the ranks it starts on one thread
+        os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    image_options = {cmd: survey_steps.has_option(cmd, "--image") for cmd in ("run", "inspect")}
+    image_options["twin"] = False  # the twin's call uses its own seeded test image
     command = "python benchmarks/pipeline_survey.py" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    # --only updates its pipelines in the records of the last full survey; a full survey replaces them all
-    records = args.out.with_suffix(".json")
-    old = json.loads(records.read_text()) if (args.only or args.collect) and records.is_file() \
-        else {"entries": [], "runs": []}
-    merged = {e["name"]: Entry(**e) for e in old["entries"]}
-    merged.update({e.name: e for e in todo})
-    order = [e.name for e in entries(prefixes)]
-    done = sorted(merged.values(), key=lambda e: order.index(e.name) if e.name in order else len(order))
-    runs = [r for r in old["runs"] if not (args.collect and r.get("work") == str(work))] + [
-        {"command": command, "pipelines": len(todo), "wall_s": round(wall, 1), "skip_parallel": args.skip_parallel,
-         "work": str(work)}]
-    records.parent.mkdir(parents=True, exist_ok=True)
-    records.write_text(json.dumps({"entries": [asdict(e) for e in done], "runs": runs}, indent=1) + "\n")
-    missing = uncovered(prefixes, {e.family for e in entries(prefixes)})
-    text = markdown(done, missing, runs)
-    kept = args.out.read_text().split(MARKER, 1)[1] if args.out.is_file() and MARKER in args.out.read_text() else "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n" + MARKER + kept)
-    print(text)
+    finished: list[Entry] = []
+    lock = threading.Lock()
+
+    def write(wall: float) -> str:
+        merged = dict(before)
+        merged.update({e.name: e for e in finished})
+        order = [e.name for e in entries(prefixes)]
+        done = sorted(merged.values(), key=lambda e: order.index(e.name) if e.name in order else len(order))
+        runs = [r for r in old["runs"] if not (args.collect and r.get("work") == str(work))] + [
+            {"command": command, "pipelines": len(finished), "wall_s": round(wall, 1),
+             "skip_parallel": args.skip_parallel, "work": str(work)}]
+        records.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(records, json.dumps({"entries": [asdict(e) for e in done], "runs": runs}, indent=1) + "\n")
+        text = markdown(done, uncovered(prefixes, {e.family for e in entries(prefixes)}), runs)
+        kept = args.out.read_text().split(MARKER, 1)[1] if args.out.is_file() and MARKER in args.out.read_text() \
+            else "\n"
+        write_atomic(args.out, text + "\n" + MARKER + kept)
+        return text
+
+    if args.collect:  # the steps a survey into --work has finished so far, nothing run
+        for entry in todo:
+            folder = work / entry.name.replace("/", "+")
+            if steps_file(folder).is_file():
+                judge(entry, work, json.loads(steps_file(folder).read_text()), args.skip_parallel)
+            if steps_file(folder, True).is_file():  # a later --scaffold-only survey's column
+                judge(entry, work, json.loads(steps_file(folder, True).read_text()), args.skip_parallel)
+            if steps_file(folder).is_file() or steps_file(folder, True).is_file():
+                finished.append(entry)
+        print(write(sum(e.seconds for e in finished)))  # the pipelines' own time; the runs that wrote --work unknown
+        return 0
+
+    def last_time(e: Entry) -> float:
+        was = before.get(e.name)
+        return (was.seconds + (was.scaffold or {}).get("seconds", 0) or 0) if was else 0.0
+
+    todo.sort(key=last_time, reverse=True)  # the slowest first, so that the last to end is a short one
+
+    def one(entry: Entry) -> None:
+        if not survey_one(entry, work, args, env, image_options):
+            return  # the survey was stopped before this pipeline started
+        with lock:
+            finished.append(entry)
+            write(time.monotonic() - start)
+            scaffold = entry.scaffold or {}
+            print(f"[{len(finished)}/{len(todo)} {time.monotonic() - start:.0f}s] {entry.name:<24} "
+                  + " ".join(f"{c}={entry.cells.get(c, '-')}" for c in COLUMNS)
+                  + (" scaffold=" + ",".join(scaffold.get("cells", {}).get(r, "-") for r in survey_scaffold.ROWS)
+                     if scaffold else "")
+                  + f"  {entry.seconds:.0f}s  {'; '.join(entry.reasons + scaffold.get('reasons', []))[:300]}",
+                  flush=True)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    signal.signal(signal.SIGTERM, stop)  # `timeout` ends the survey: its workers end too, its results are written
+    signal.signal(signal.SIGINT, stop)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(one, todo))
+    with lock:
+        print(write(time.monotonic() - start))
     return 0
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file beside it (a survey killed mid-write leaves the old file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

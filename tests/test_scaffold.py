@@ -180,3 +180,116 @@ def test_tinymoe_long_skip_is_split_where_the_stream_is_made(run_cli, tmp_path):
     (row,) = [r for r in json.loads((tmp_path / "block0" / "report.json").read_text())["rows"]
               if r["name"] == "cp-ulysses-2"]
     assert code == 1 and row["status"] in ("failed", "error"), row["status"]
+
+
+@pytest.mark.full
+def test_wan22_plugin_adapts_both_experts_and_one_left_out_fails_naming_it(run_cli, tmp_path):
+    """Wan 2.2 (zoo:pipe/wan22, diffusers' WanPipeline with two experts): the scaffold's adapter names both
+    transformers, with the steps each serves, and its cache, cp-ulysses-2 and tp-2 act on both and pass; the same
+    plugin adapting only `transformer` (a Wan 2.1 adapter) fails the three rows naming transformer_2."""
+    out = tmp_path / "wan22.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/wan22", "--steps", "8", "--out", out, "--run-dir",
+                                tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    assert "# transformer: 6 calls, steps 0-2, 2 per step (cond and uncond)" in text
+    assert "# transformer_2: 10 calls, steps 3-7, 2 per step (cond and uncond)" in text
+    assert "transformer=[pipe.transformer, pipe.transformer_2]" in text and "NOT HANDLED" not in text
+    assert "`transformer`, `transformer_2`: class WanTransformer3DModel, the same block lists" in text
+    rows = {r["name"]: r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"]}
+    for name, feature in (("cache", "cache"), ("cp-ulysses-2", "cp"), ("tp-2", "tp")):
+        proof = next(p for p in rows[name]["proofs"] if p["feature"] == feature)
+        assert rows[name]["status"] == "passed" and proof["coverage"] == {"transformer": "acted",
+                                                                          "transformer_2": "acted"}, proof
+    one = tmp_path / "wan22_first_only.py"
+    one.write_text(text.replace("transformer=[pipe.transformer, pipe.transformer_2]", "transformer=pipe.transformer")
+                   .replace("blocks=[[pipe.transformer.blocks], [pipe.transformer_2.blocks]]",
+                            "blocks=[pipe.transformer.blocks]")
+                   .replace("forward_pattern=[[cache_dit.ForwardPattern.Pattern_2], "
+                            "[cache_dit.ForwardPattern.Pattern_2]]", "forward_pattern=[cache_dit.ForwardPattern.Pattern_2]"))
+    assert "pipe.transformer_2.blocks" not in one.read_text()
+    code, stdout, _ = run_cli("run", "zoo:pipe/wan22", "--rows", "cache,cp-ulysses-2,tp-2", "--twin", "off",
+                              "--steps", "8", "--integration", one, "--out", tmp_path / "one", "--json")
+    assert code == 1
+    rows = {r["name"]: r for r in json.loads(stdout)["rows"]}
+    for name in ("cache", "cp-ulysses-2", "tp-2"):
+        assert rows[name]["status"] in ("failed", "error"), (name, rows[name]["status"])
+        said = json.dumps(rows[name]["proofs"]) + " ".join(rows[name].get("reasons") or [])
+        assert "transformer_2" in said, (name, said[:400])
+
+
+CHAIN_CALL = ("--dtype", "float32", "--height", "32", "--width", "32", "--steps", "4", "--prompt", "a red cube")
+
+
+@pytest.mark.full
+def test_a_chained_modulation_pair_is_reported_and_its_first_kept_whole_passes_tp(run_cli, tmp_path):
+    """diffusers' FluxPipeline with examples/tinychain's transformer (FLUX.1's, its double blocks' AdaLayerNormZero
+    modulation a Linear(64, 16) feeding a Linear(16, 384)): inspect reports the chain; the scaffold keeps the first
+    whole and shards the second Colwise with a replicated output, and tp-2 passes; both Colwise crashes tp-2 in the
+    second Linear (it receives half of the first's features)."""
+    import torch
+
+    from ditgate.core.examples import ensure_importable
+    from ditgate.zoo import builders
+
+    ensure_importable("tinychain")
+    from tinychain import TinyChainTransformer2DModel
+
+    pipe = builders.build_flux(0)
+    torch.manual_seed(0)
+    pipe.register_modules(transformer=TinyChainTransformer2DModel(modulation_rank=16))
+    folder = tmp_path / "tinychain"
+    pipe.save_pretrained(folder)
+    code, stdout, err = run_cli("inspect", folder, *CHAIN_CALL, "--json")
+    assert code == 0, err
+    anatomy = json.loads(stdout)
+    assert ["transformer.transformer_blocks.*.norm1.linear.0", "transformer.transformer_blocks.*.norm1.linear.1"] \
+        in anatomy["traits"]["linear_chains"]
+    styles = {r["layer"]: r["style"] for r in anatomy["tp_layers"]["FluxTransformerBlock"]}
+    assert styles["norm1.linear.0"].startswith("keep whole: its output feeds `norm1.linear.1`"), styles
+    out = tmp_path / "chain.py"
+    code, _, err = run_cli("scaffold", folder, *CHAIN_CALL, "--out", out, "--no-run")
+    assert code == 0, err
+    text = out.read_text()
+    assert "`norm1.linear.0` feeds `norm1.linear.1` (observed): `norm1.linear.0` kept whole" in text
+    assert '"norm1.linear.1": ColwiseParallel(output_layouts=Replicate())' in text and '"norm1.linear.0"' not in text
+    both = tmp_path / "chain_both_colwise.py"
+    both.write_text(text.replace('plan = {"attn.to_q"', 'plan = {"norm1.linear.0": ColwiseParallel(), "attn.to_q"'))
+    assert '"norm1.linear.0": ColwiseParallel()' in both.read_text()
+    statuses = {}
+    for plugin in (out, both):
+        code, stdout, _ = run_cli("run", folder, *CHAIN_CALL, "--rows", "tp-2", "--twin", "off", "--integration",
+                                  plugin, "--out", tmp_path / plugin.stem, "--json")
+        (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "tp-2"]
+        statuses[plugin.stem] = (code, row["status"], " ".join(row["reasons"]))
+    assert statuses["chain"][:2] == (0, "passed"), statuses
+    code, status, reasons = statuses["chain_both_colwise"]
+    assert code == 1 and status == "error" and "norm1.linear.1" in reasons, statuses
+
+
+@pytest.mark.full
+def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_off_departs(run_cli, tmp_path):
+    """Chroma (zoo:pipe/chroma, diffusers' ChromaPipeline): its loop hands each block its own slice of the
+    modulation table (`temb`), observed as block 1 getting another `temb` than block 0. The scaffold writes
+    PerBlockArguments, which records what each block is handed and gives it back under cache-dit's cached block
+    list: the cache row passes with caching off exactly equal to the baseline; the same plugin without the functor
+    fails the cache row's caching-off check."""
+    out = tmp_path / "chroma.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/chroma", "--out", out, "--rows", "cache", "--run-dir",
+                                tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    assert "`transformer_blocks`: block 1 was handed other ['temb'] than block 0 (observed)" in text
+    assert ("patch_functor=PerBlockArguments({\"transformer_blocks\": (['temb'], ['encoder_hidden_states', "
+            "'hidden_states']), \"single_transformer_blocks\": (['temb'], ['hidden_states'])})") in text
+    (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
+    assert row["status"] == "passed" and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["verdict"]
+    bare = tmp_path / "chroma_no_functor.py"
+    functor = text[text.index(",\n                                  patch_functor="):text.index("\n\n\ndef cp_plan")]
+    bare.write_text(text.replace(functor, ")"))
+    assert "patch_functor=" not in bare.read_text()
+    code, stdout, _ = run_cli("run", "zoo:pipe/chroma", "--rows", "cache", "--twin", "off", "--integration", bare,
+                              "--out", tmp_path / "bare", "--json")
+    (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
+    assert code == 1 and row["status"] == "failed" and not row["verdict"]["cache_off"]["passed"], row["verdict"]
+    assert any(r.startswith("caching off, the adapter's latents differ") for r in row["reasons"]), row["reasons"]

@@ -270,8 +270,8 @@ def test_lists_that_run_over_two_block_lists_are_cut_with_them():
     """HiDream's transformer has a caption projection per double- and single-stream block (their counts summed) and
     a `llama_layers` list with one Llama hidden-state index per block of both lists: the single-stream list was kept
     whole ("no shorter count rebuilds its kinds"), a 10.6 B-parameter transformer twin, and the build was killed at
-    22.8 GiB. Both lists are now cut to one block, `llama_layers` to the kept blocks' entries mapped into the twin's
-    cut Llama, and the twin runs on a 1-layer encoder's hidden states."""
+    22.8 GiB. Both lists are now cut (one of them to two blocks), `llama_layers` to the kept blocks' entries mapped
+    into the twin's cut Llama, and the twin runs on a 1-layer encoder's hidden states."""
     import torch
     from diffusers import HiDreamImageTransformer2DModel
 
@@ -285,11 +285,13 @@ def test_lists_that_run_over_two_block_lists_are_cut_with_them():
     plan = cut.plan(HiDreamImageTransformer2DModel, DIFFUSERS, config, "transformer", denoiser=True,
                     encoder_depths=[(6, 1), (4, 2)])
     twin = plan.config
-    assert (twin["num_layers"], twin["num_single_layers"]) == (1, 1) and not plan.whole, plan.whole
-    assert twin["llama_layers"] == [0, 0], twin["llama_layers"]  # blocks 0 and 3 read layers 0 and 3 of 6 -> 0 of 1
+    # one block of each list, two of the smaller-block one (a cache has a block to skip)
+    assert sorted([twin["num_layers"], twin["num_single_layers"]]) == [1, 2] and not plan.whole, plan.whole
+    blocks = twin["num_layers"] + twin["num_single_layers"]
+    assert twin["llama_layers"] == [0] * blocks, twin["llama_layers"]  # layers 0..4 of 6 -> layer 0 of the cut 1
     torch.manual_seed(0)
     model = instantiate(HiDreamImageTransformer2DModel, DIFFUSERS, twin).eval()
-    assert len(model.caption_projection) == 3
+    assert len(model.caption_projection) == blocks + 1
     with torch.no_grad():
         out = model(hidden_states=torch.randn(1, 4, 8, 8), timesteps=torch.tensor([500.0]),
                     encoder_hidden_states_t5=torch.randn(1, 3, 16), encoder_hidden_states_llama3=torch.randn(1, 1, 3, 16),
@@ -328,3 +330,21 @@ def test_a_cache_row_acts_on_a_twin_run_directly(run_cli, zoo_path, tmp_path, so
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     row = next(r for r in report["rows"] if r["name"] == "cache")
     assert [p for p in row["proofs"] if p["feature"] == "cache"][0]["passed"], (why, row["proofs"])
+
+
+def test_a_denoiser_with_an_embedder_list_keeps_a_block_for_the_cache_to_skip():
+    """Wan image-to-video's transformer holds a second ModuleList (its image embedder's feed-forward `net`) that no
+    config key counts: it is no block list, so the one block list keeps two blocks (with one, a cache computing
+    the first block had nothing to skip: 'cache did not act' on the twins of wan-i2v and chronoedit)."""
+    from diffusers import WanTransformer3DModel
+
+    from ditgate.twin import cut
+    from ditgate.twin.meta import DIFFUSERS
+
+    config = {"attention_head_dim": 12, "ffn_dim": 32, "freq_dim": 256, "image_dim": 16, "in_channels": 36,
+              "num_attention_heads": 4, "num_layers": 3, "out_channels": 16, "patch_size": [1, 2, 2],
+              "rope_max_seq_len": 32, "text_dim": 32, "qk_norm": "rms_norm_across_heads", "cross_attn_norm": True}
+    plan = cut.plan(WanTransformer3DModel, DIFFUSERS, config, "transformer", denoiser=True)
+    blocks = next(c for c in plan.cuts if c.path == "blocks")
+    assert blocks.after == 2 and "skip" in blocks.why, blocks
+    assert "condition_embedder.image_embedder.ff.net" in plan.whole

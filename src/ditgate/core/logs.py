@@ -77,8 +77,8 @@ def quiet_libraries(threshold: int | None = None) -> None:
     sets its loggers' levels at import (cache-dit does)."""
     threshold = LIBRARY_LEVEL[verbosity()] if threshold is None else threshold
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
-        if isinstance(logger, logging.Logger) and name.split(".")[0] in LIBRARIES:
-            logger.setLevel(threshold)
+        if isinstance(logger, logging.Logger) and logger.level != threshold and name.split(".")[0] in LIBRARIES:
+            logger.setLevel(threshold)  # each call clears every logger's cache: only where the level changes
     bars = verbosity() >= 1
     for module in ("transformers.utils.logging", "diffusers.utils.logging"):
         if module in sys.modules:

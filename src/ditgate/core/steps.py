@@ -23,6 +23,17 @@ from typing import Any, Callable
 import torch
 
 
+def step_ranges(steps: list[int]) -> str:
+    """[0, 1, 2, 5, 6] -> "steps 0-2, 5-6"."""
+    runs: list[list[int]] = []
+    for step in sorted(set(steps)):
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return "step" + "s" * (len(steps) > 1) + " " + ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
 def tensor_of(output: Any, field: str) -> torch.Tensor | None:
     """The tensor a module or scheduler returned: itself, the first of a tuple, or the output object's `field`
     (`prev_sample` of a scheduler step, `sample` of a transformer's BaseOutput)."""

@@ -56,6 +56,8 @@ class BlockList:
     check_forward_pattern: bool | None = None
     patch_functor_needed: bool = False
     loop_findings: list[str] = field(default_factory=list)
+    per_block_arguments: list[str] = field(default_factory=list)  # arguments the loop gives each block its own of
+    stream_changed_between: bool = False  # the loop changes the hidden stream between two block calls
 
 
 @dataclass
@@ -128,6 +130,7 @@ class Traits:
     long_skips: list[str] = field(default_factory=list)  # the first block's input added back after the blocks
     outside_calls: list[str] = field(default_factory=list)  # block sub-modules run outside their block
     calls_per_step: dict[str, float | None] = field(default_factory=dict)  # transformer -> calls per step
+    steps_by_transformer: dict[str, list[int]] = field(default_factory=dict)  # transformer -> the steps it served
     block_variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # list -> its block structures
     experts: list[dict[str, Any]] = field(default_factory=list)  # expert layers: router, shared, routing kind
     linear_chains: list[list[str]] = field(default_factory=list)  # [a Linear, a Linear of its block reading it]
@@ -177,6 +180,20 @@ def latent_words(anatomy: "Anatomy") -> str:
     if any(k in anatomy.call for k in FRAME_NAMES) or any(word in name for word in _VIDEO_NAMES):
         return "video tokens"
     return "image tokens"
+
+
+def serves(anatomy: "Anatomy", transformer: str) -> str:
+    """Which calls of the pipeline a transformer served: "transformer_2: 8 calls, steps 4-7, 2 per step (cond and
+    uncond)"."""
+    from ditgate.core.steps import step_ranges
+
+    calls = anatomy.transformer_calls.get(transformer, 0)
+    steps = anatomy.traits.steps_by_transformer.get(transformer) or []
+    per = anatomy.traits.calls_per_step.get(transformer)
+    said = [f"{calls} call{'s' * (calls != 1)}"] + ([step_ranges(steps)] if steps else [])
+    if per:
+        said.append(f"{per:g} per step" + (" (cond and uncond)" if per == 2 else ""))
+    return f"{transformer}: {', '.join(said)}"
 
 
 def call_size(call: dict[str, Any]) -> str:

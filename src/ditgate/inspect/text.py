@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ditgate.inspect.model import latent_words
+from ditgate.inspect.model import latent_words, serves
 
 
 def _table(headers: list[str], rows: list[list]) -> list[str]:
@@ -81,7 +81,8 @@ def render(a) -> str:
 
     by_step = f" (per step: {', '.join(map(str, a.calls_by_step))})" if a.calls_by_step else ""
     calls = f"{a.calls_per_step:g}" if a.calls_per_step is not None else "?"
-    out += [f"Transformer calls per step: {calls}{by_step} -> has_separate_cfg = {a.has_separate_cfg}", ""]
+    out.append(f"Transformer calls per step: {calls}{by_step} -> has_separate_cfg = {a.has_separate_cfg}")
+    out += [f"  {serves(a, t)}" for t in a.transformer_calls if len(a.transformer_calls) > 1] + [""]
 
     at = a.attention
     out.append("Attention")

@@ -138,12 +138,20 @@ def analyse_traits(transformers: dict, probe, trace, lists: list, sequence_token
         traits.outside_calls += [f"{t_name}.{note}" for note in tr.outside_calls]
         traits.masks.update({f"{t_name}.{g}": [vars(c) for c in calls] for g, calls in tr.masks.items()})
         traits.calls_per_step[t_name] = _calls_per_step(tr.calls, probe.step_calls)
+        traits.steps_by_transformer[t_name] = _steps_served(tr.calls, probe.step_calls)
         for b in t_lists:
             shapes = [s for s in b.output_shapes if s.startswith("tensor")]
             if shapes:
                 traits.list_layouts[f"{t_name}.{b.attribute}"] = shapes[0]
     traits.mask_lines, traits.weak_mask = mask_findings(traits.masks)
     return traits
+
+
+def _steps_served(calls: list[int], step_marks: list[int]) -> list[int]:
+    """The denoising steps (from 0) in which this transformer was called (pipeline call numbers against the step
+    ends); empty where the pipeline reported no step."""
+    bounds = [0] + step_marks
+    return [i for i, (a, b) in enumerate(zip(bounds, bounds[1:])) if any(a < c <= b for c in calls)]
 
 
 def _calls_per_step(calls: list[int], step_marks: list[int]) -> float | None:

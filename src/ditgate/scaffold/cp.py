@@ -32,13 +32,18 @@ def _text_param(first, txt: int | None) -> str | None:
     return None
 
 
-def _root_split_ok(observed: Observed, root_split: set[str]) -> tuple[bool, str]:
+def _own(tensors: list[dict[str, Any]], transformer: str) -> list[dict[str, Any]]:
+    """The per-block tensors of `transformer`'s lists (another transformer of the pipeline has its own)."""
+    return [t for t in tensors if t["list"].startswith(transformer + ".")]
+
+
+def _root_split_ok(observed: Observed, transformer: str) -> tuple[bool, str]:
     """A split at the transformer's root is right only if every per-token table the blocks receive is made from a
     tensor that is split there (else the forward builds it whole, or from each rank's share of another length)."""
     a = observed.anatomy
     s = a.sequence
     lengths = {n for n in (s.image_tokens, s.text_tokens) if n}
-    for t in a.traits.per_block_tensors:
+    for t in _own(a.traits.per_block_tensors, transformer):
         maker = t.get("made_by")
         if maker is None:
             return False, (f"`{t['argument']}` {t['shape']} is built in forward by no module and handed to every "
@@ -60,7 +65,7 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
     entries, notes, code = [], [], []
     at_root = {n: (_seq_dim(shape, lengths), len(shape)) for n, shape in root.items()}
     at_root = {n: v for n, v in at_root.items() if v[0] is not None}
-    root_ok, why_not = _root_split_ok(observed, set(at_root))
+    root_ok, why_not = _root_split_ok(observed, transformer)
     if any(root[n][d] == img for n, (d, _) in at_root.items()) and root_ok:
         notes.append(f"the transformer's own inputs carry the {img}-token sequence "
                      f"({', '.join(f'{n} {root[n]}' for n in at_root)}): split them at the root, so every table "
@@ -101,7 +106,7 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         if body:
             entries.append(f'"{first.attribute}.0": {{{body}}}')
         made: dict[str, list[str]] = {}
-        for t in a.traits.per_block_tensors:
+        for t in _own(a.traits.per_block_tensors, transformer):
             if t.get("made_by") and t["shape"][t["dim"]] in lengths:
                 index = t["argument"].rsplit("[", 1)[1].rstrip("]") if "[" in t["argument"] else None
                 made.setdefault(t["made_by"], []).append(

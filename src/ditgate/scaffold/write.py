@@ -15,7 +15,7 @@ from typing import Any
 
 from ditgate.core.errors import DitgateError
 from ditgate.scaffold.cp import _blocks_expr, _cp
-from ditgate.scaffold.runtime import HELPERS
+from ditgate.scaffold.runtime import FUNCTOR, HELPERS
 
 @dataclass
 class Observed:
@@ -160,59 +160,133 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
             f"CP_SPLIT_DIMS = {{{body}}}"]
 
 
+def _functor(lists: list) -> tuple[str | None, list[str]]:
+    """The PatchFunctor the block loop needs, from what it was seen doing between block calls: per-block arguments
+    (each block handed its own value, not the previous block's output) are recorded per call and handed back to
+    each block (`PerBlockArguments`); a stream the loop changes between blocks, or a module it calls there, is
+    named NOT HANDLED (the fix is the model's own loop moved into a functor by hand)."""
+    entries, notes = [], []
+    for b in lists:
+        if b.stream_changed_between or any("also calls" in f for f in b.loop_findings):
+            notes.append(f"NOT HANDLED: `{b.attribute}`: {'; '.join(b.loop_findings)}: a cached block list would skip "
+                         "that work; write a PatchFunctor that moves it into the blocks")
+            continue
+        if not b.per_block_arguments:
+            continue
+        positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
+        names = {"hidden_states": positional[0] if positional else None, "encoder_hidden_states": b.encoder_param}
+        returns = [names.get(role) for role in b.outputs or []]
+        if None in returns:
+            notes.append(f"NOT HANDLED: `{b.attribute}` gets per-block {b.per_block_arguments}, and what it returns "
+                         f"({b.outputs}) does not map onto its inputs")
+            continue
+        entries.append(f'"{b.attribute}": ({b.per_block_arguments!r}, {returns!r})')
+        notes.append(f"`{b.attribute}`: block 1 was handed other {b.per_block_arguments} than block 0 (observed), "
+                     "while its stream inputs are the previous block's outputs; cache-dit's cached block list "
+                     "would hand every block the first one's: PerBlockArguments records each block's own per call "
+                     "and hands it back; without it the cache row's caching-off check departs from the baseline")
+    return ("PerBlockArguments({" + ", ".join(entries) + "})" if entries else None), notes
+
+
+def _adapter(a, by_t: dict[str, list], alike: list[str], functor: str | None = None,
+             functor_notes: list[str] = ()) -> tuple[list[str], list[str]]:
+    """`block_adapter` over every transformer whose block lists all have a ForwardPattern (cache-dit enables cache
+    and parallelism on the transformers its adapter names, so one left out runs uncached and whole on every rank),
+    and the guard the CP/TP plans start with where a transformer is not of the first one's class and layout."""
+    from ditgate.inspect.model import serves
+
+    first = next(iter(by_t))
+    adapted = [t for t in by_t if all(b.pattern for b in by_t[t])]
+    cache = ["def block_adapter(pipe):"]
+    for t in by_t:
+        cache.append(f"    # {serves(a, t)}" + ("" if t in adapted else " -- NOT HANDLED: no ForwardPattern fits "
+                     f"{[b.attribute for b in by_t[t] if not b.pattern]}, so it is left out of the adapter"))
+        for b in by_t[t]:
+            cache.append(f"    #   `{t}.{b.attribute}`: {b.length} x {b.block_class}, returns {b.outputs} -> "
+                         f"{b.pattern} ({b.pattern_reason})")
+    silent = [t for t, n in a.transformer_calls.items() if n and t not in by_t]
+    if silent:
+        cache.append(f"    # NOT HANDLED: {silent} called, with no block list observed: left out of the adapter")
+    if len(adapted) > 1:
+        cache.append(f"    # every transformer the pipeline calls is adapted: one left out would run uncached and, "
+                     "under CP/TP, whole on every rank (the cache, cp and tp rows name it)")
+    cache.append(f"    # {a.calls_per_step:g} transformer call(s) per step -> has_separate_cfg={a.has_separate_cfg}; "
+                 "the other value is told apart by the cache row" if a.calls_per_step is not None else
+                 "    # calls per step not measured")
+    unchecked = [f"{b.transformer}.{b.attribute}" for t in adapted for b in by_t[t] if b.check_forward_pattern is False]
+    if unchecked:
+        cache.append(f"    # cache-dit's static check of the block parameter names fails for {unchecked} (the pattern "
+                     "was observed from what the blocks do): check_forward_pattern=False")
+    cache += [f"    # {n}" for n in functor_notes]
+    listed = lambda items: "[" + ", ".join(items) + "]"  # noqa: E731
+    per_t = lambda f: [[f(b) for b in by_t[t]] for t in adapted]  # noqa: E731  one list per transformer
+    blocks, patterns = per_t(lambda b: f"pipe.{b.transformer}.{b.attribute}"), \
+        per_t(lambda b: f"cache_dit.ForwardPattern.{b.pattern}")
+    if len(adapted) > 1:  # cache-dit's nested form: [[lists of transformer], [lists of transformer_2]]
+        blocks, patterns = listed(map(listed, blocks)), listed(map(listed, patterns))
+    else:
+        blocks, patterns = listed(blocks[0]), listed(patterns[0])
+    modules = ", ".join(f"pipe.{t}" for t in adapted)
+    cache += [f"    return cache_dit.BlockAdapter(pipe=pipe, transformer={listed([modules]) if len(adapted) > 1 else modules},",
+              f"                                  blocks={blocks},",
+              f"                                  forward_pattern={patterns}, has_separate_cfg={a.has_separate_cfg}"
+              + (", check_forward_pattern=False" if unchecked else "")
+              + (f",\n                                  patch_functor={functor}" if functor else "") + ")", "", ""]
+    guard = []
+    if len(by_t) > 1:
+        cls = next((c.cls for c in a.components.get("transformers", []) if c.name == first), None)
+        guard.append(f"    # called for each adapted transformer; {', '.join(f'`{t}`' for t in alike)}: class {cls}, "
+                     "the same block lists: this plan serves " + ("each" if len(alike) > 1 else "it"))
+        others = [t for t in adapted if t not in alike]
+        if others:
+            guard += [f"    # NOT HANDLED: {others} are of another class or block layout, and this plan was derived "
+                      f"from `{first}`'s call only: write theirs by hand",
+                      f"    if type(transformer).__name__ != {cls!r}:",
+                      f"        raise NotImplementedError(f\"no plan for {{type(transformer).__name__}} (scaffolded from "
+                      f"{first}, {cls})\")"]
+    return cache, guard
+
+
 def plugin_source(observed: Observed) -> str:
     """The plugin file's text."""
     a = observed.anatomy
     called = [b for b in a.block_lists if b.called]
     if not called:
         raise DitgateError("inspect saw no block list called: nothing to scaffold")
-    transformer = called[0].transformer
-    lists = [b for b in called if b.transformer == transformer]
-    others = sorted({b.transformer for b in called} - {transformer})
+    by_t: dict[str, list] = {}
+    for b in called:
+        by_t.setdefault(b.transformer, []).append(b)
+    transformer, lists = next(iter(by_t.items()))
     unpatterned = [b.attribute for b in lists if not b.pattern]
     if unpatterned:
-        raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {unpatterned} (work between the block "
-                           "calls needs a PatchFunctor, which the scaffold does not write yet)")
+        raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {unpatterned} (what they return needs "
+                           "a PatchFunctor that adapts it, which the scaffold does not write)")
     head = [f'"""Integration of {a.pipeline.cls} written by `ditgate scaffold {a.model}` from one observed call.',
             "", "Every choice below names the observation it rests on. Review it against the model's source.", '"""',
-            "", "import inspect", "import sys", "", "import cache_dit", "import torch", "import torch.distributed as dist",
+            "", "import functools", "import inspect", "import sys", "", "import cache_dit", "import torch", "import torch.distributed as dist",
             "from cache_dit.attention import _dispatch_attention_fn",
             "from cache_dit.distributed.core import _ContextParallelInput, _ContextParallelOutput",
             "from cache_dit.distributed.utils import shard_div_attr",
             "from torch.distributed._tensor import Replicate",
             "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module",
             "", ""]
-    blocks = ", ".join(f"t.{b.attribute}" for b in lists)
-    patterns = ", ".join(f"cache_dit.ForwardPattern.{b.pattern}" for b in lists)
-    cache = ["def block_adapter(pipe):"]
-    for b in lists:
-        cache.append(f"    # `{b.attribute}`: {b.length} x {b.block_class}, returns {b.outputs} -> {b.pattern} "
-                     f"({b.pattern_reason})")
-    cache.append(f"    # {a.calls_per_step:g} transformer call(s) per step -> has_separate_cfg={a.has_separate_cfg}; "
-                 "the other value is told apart by the cache row" if a.calls_per_step is not None else
-                 "    # calls per step not measured")
-    if others:
-        cache.append(f"    # NOT HANDLED: the pipeline also calls {others}; only `{transformer}` is adapted here")
-    unchecked = [b.attribute for b in lists if b.check_forward_pattern is False]
-    if unchecked:
-        cache.append(f"    # cache-dit's static check of the block parameter names fails for {unchecked} (the pattern "
-                     "was observed from what the blocks do): check_forward_pattern=False")
-    cache += [f"    t = pipe.{transformer}",
-              f"    return cache_dit.BlockAdapter(pipe=pipe, transformer=t, blocks=[{blocks}],",
-              f"                                  forward_pattern=[{patterns}], "
-              f"has_separate_cfg={a.has_separate_cfg}" + (", check_forward_pattern=False" if unchecked else "")
-              + ")", "", ""]
+    classes = {c.name: c.cls for c in a.components.get("transformers", [])}
+    shapes = {t: [(b.attribute, b.block_class) for b in ls] for t, ls in by_t.items()}
+    alike = [t for t in by_t if classes.get(t) == classes.get(transformer) and shapes[t] == shapes[transformer]]
+    functor, functor_notes = _functor(lists)
+    cache, guard = _adapter(a, by_t, alike, functor, functor_notes)
     entries, notes, code = _cp(observed, transformer, lists[0])
     switches = _split_dims(a, transformer, lists)
     if any("REORDER_MASK" in c for c in code):
         switches.append("REORDER_MASK = True  # the joint key mask in Ulysses' gathered order (see cp_plan)")
     if any("gather_routing" in c for c in code):
         switches.append("GATHER_ROUTING = True  # sequence-dependent routing run on the whole sequence (see cp_plan)")
-    cp = ["def cp_plan(transformer, parallelism_config):", *[f"    # {n}" for n in notes], *code, "    return {",
-          *[f"        {e}," for e in entries], "    }", "", ""]
-    tp = ["def tp_plan(transformer, tp_mesh, parallelism_config):", "    tp = tp_mesh.size()", "    plans = []"]
+    cp = ["def cp_plan(transformer, parallelism_config):", *guard, *[f"    # {n}" for n in notes], *code,
+          "    return {", *[f"        {e}," for e in entries], "    }", "", ""]
+    tp = ["def tp_plan(transformer, tp_mesh, parallelism_config):", *guard, "    tp = tp_mesh.size()", "    plans = []"]
     heads = a.attention.heads
-    chains = [(x.split(".*.", 1)[-1], y.split(".*.", 1)[-1]) for x, y in a.traits.linear_chains]
+    chains = list(dict.fromkeys((x.split(".*.", 1)[-1], y.split(".*.", 1)[-1]) for x, y in a.traits.linear_chains
+                                if x.startswith(transformer + ".")))
     for key, rows in a.tp_layers.items():
         cls, _, span_text = key.partition("[")
         listed = [b for b in lists if b.block_class == cls]
@@ -241,5 +315,5 @@ def plugin_source(observed: Observed) -> str:
             tp += ["        parallelize_module(block, tp_mesh, plan)"]
         tp.append("    plans.append(plan)")
     tp += ["    return plans", ""]
-    helpers = [HELPERS.strip("\n"), "", ""] if code else []
+    helpers = ([HELPERS.strip("\n"), "", ""] if code else []) + ([FUNCTOR.strip("\n"), "", ""] if functor else [])
     return "\n".join(head + switches + ([""] if switches else []) + helpers + cache + cp + tp)

@@ -21,7 +21,7 @@ from ditgate.twin.meta import TRANSFORMERS, TwinError, count, is_int, on_meta, o
 from ditgate.twin.source import WEIGHT_SUFFIXES, Component, Source
 from ditgate.twin.summary import Twin
 
-FORMAT = 3  # bump when what a twin holds changes: cached twins are then built again
+FORMAT = 4  # bump when what a twin holds changes: cached twins are then built again
 MAX_TWIN_PARAMS = 20 * 10**9  # 80 GB of float32: more than a twin of any released model holds
 
 

@@ -19,6 +19,7 @@ without a client, or on `ditgate serve --stop`; killing it loses nothing (every 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import select
@@ -175,38 +176,73 @@ def _serve_one(conn: socket.socket, entry, inline: bool = False) -> bool:
             return True
         if args is not None:
             served.keep_for(args, request["cwd"])
+        gc.freeze()  # the command's collections walk only what it makes, not the server's heap (and leave its pages shared)
         pid = os.fork()
         if pid == 0:
             conn.close()
             served.forked(request, fds, entry)
+        gc.unfreeze()  # the server's own collections see everything again
         for fd in fds:
             os.close(fd)
-        while True:
-            ended, status = os.waitpid(pid, os.WNOHANG)
-            if ended:
-                code = os.waitstatus_to_exitcode(status)
-                print(f"ditgate serve: ran `ditgate {' '.join(request['argv'])}`: exit {code}", file=sys.stderr,
-                      flush=True)
-                _send(conn, {"rc": code})
-                return True
-            ready, _, _ = select.select([conn], [], [], 0.2)
-            if ready and not conn.recv(1, socket.MSG_PEEK):  # the client went away: end its command
-                try:
-                    os.killpg(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-                os.waitpid(pid, 0)
-                return True
+        try:
+            watched = [conn, os.pidfd_open(pid)]  # the second is readable as soon as the command ends
+        except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): the loop looks every 0.2 s
+            watched = [conn]
+        try:
+            while True:
+                ended, status = os.waitpid(pid, os.WNOHANG)
+                if ended:
+                    code = os.waitstatus_to_exitcode(status)
+                    print(f"ditgate serve: ran `ditgate {' '.join(request['argv'])}`: exit {code}",
+                          file=sys.stderr, flush=True)
+                    _send(conn, {"rc": code})
+                    return True
+                ready, _, _ = select.select(watched, [], [], 0.2)
+                if conn in ready and not conn.recv(1, socket.MSG_PEEK):  # the client went away: end its command
+                    try:
+                        os.killpg(pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+                    os.waitpid(pid, 0)
+                    return True
+        finally:
+            for fd in watched[1:]:
+                os.close(fd)
+
+
+# what a run imports on its way (its rows, worker ranks, judging and report), imported once in the server
+WARM_MODULES = ("ditgate.run.runner", "ditgate.run.exec.execute", "ditgate.run.exec.launch", "ditgate.run.exec.compat",
+                "ditgate.run.exec.worker", "ditgate.run.judge.discrimination", "ditgate.run.judge.cache_off",
+                "ditgate.run.judge.proofs", "ditgate.run.report.run_report", "ditgate.run.report.floor_report",
+                "ditgate.run.report.grid", "ditgate.run.report.junit", "ditgate.run.diff.compare", "ditgate.run.reuse",
+                "ditgate.run.define.predict", "ditgate.inspect.flops.profile", "ditgate.metrics.image",
+                "ditgate.checklists", "cache_dit.distributed.core._templated_ring", "jsonschema",
+                "matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker")
 
 
 def warm_imports() -> None:
-    """What every command would import first, imported once in the server."""
+    """What every command would import, imported once in the server; cache-dit's planner registries filled (as every
+    parallel rank fills them first: each rank would otherwise import every planner module again)."""
+    import importlib
+
     import cache_dit  # noqa: F401
     import diffusers  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    from ditgate.run import runner  # noqa: F401
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional library missing: the command that needs it says so
+            pass
+    from ditgate.core.logs import quiet_libraries
+    from ditgate.core.plugin import activate_cache_dit_planners
+
+    from ditgate.run.report.run_report import schema_validator
+
+    activate_cache_dit_planners()
+    schema_validator()  # the report schema checked once here, not by every run
+    quiet_libraries()  # the loggers these imports made, at the verbosity's level: a command sets only what differs
 
 
 def serve(idle: float, entry, inline: bool = False) -> int:

@@ -102,12 +102,16 @@ class Pristine:
                 torch.cuda.empty_cache()
         # what exists now lives as long as this pipeline: out of the collector's sight, each row's collections walk
         # only what the row made (0.2 s a collection on zoo:flux otherwise); `release` gives it back
+        # `ditgate serve` froze its own heap (its imports and the pipeline it kept) before forking this process:
+        # that stays frozen (collecting it here would free nothing of the server's and cost a walk of it)
+        self._thaw = gc.get_freeze_count() == 0
         gc.collect()
         gc.freeze()
 
     def release(self) -> None:
         """Let the collector see the pipeline again (call before dropping the last reference to it)."""
-        gc.unfreeze()
+        if self._thaw:
+            gc.unfreeze()
 
     @property
     def resident_bytes(self) -> int:

@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ditgate.core.steps import step_ranges
 from ditgate.run.define.rows import Row
 
 
@@ -44,23 +45,12 @@ def _owner(key: str) -> str:
     return key.split(".", 1)[0]
 
 
-def _steps(steps: list[int]) -> str:
-    """[0, 1, 2, 5, 6] -> "steps 0-2, 5-6"."""
-    runs: list[list[int]] = []
-    for step in sorted(set(steps)):
-        if runs and step == runs[-1][1] + 1:
-            runs[-1][1] = step
-        else:
-            runs.append([step, step])
-    return "step" + "s" * (len(steps) > 1) + " " + ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
-
-
 def served(name: str, facts: dict[str, Any]) -> str:
     """A transformer and the calls it serves: "transformer_2 (22 calls, steps 5-15)"."""
     calls = (facts.get("calls_by_transformer") or {}).get(name)
     steps = (facts.get("steps_by_transformer") or {}).get(name)
     said = [f"{calls} call{'s' * (calls != 1)}"] if calls is not None else []
-    return f"{name} ({', '.join(said + ([_steps(steps)] if steps else []))})" if said else name
+    return f"{name} ({', '.join(said + ([step_ranges(steps)] if steps else []))})" if said else name
 
 
 def coverage(feature: str, acted: dict[str, bool], facts: dict[str, Any]) -> tuple[str | None, dict[str, str]]:

@@ -8,6 +8,7 @@ SSIM; a reduced-precision run the floor table (ditgate.run.report.floor_report).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -163,10 +164,27 @@ def produced_size(run_dir: Path, rows: list[dict[str, Any]]) -> str | None:
 
 
 def validate(report: dict[str, Any]) -> None:
+    """Raise jsonschema's ValidationError (its best match, as jsonschema.validate) when `report` breaks the schema."""
     import jsonschema
 
-    schema = json.loads((checklists_dir() / SCHEMA).read_text())
-    jsonschema.validate(json.loads(json.dumps(report, default=str)), schema)
+    error = jsonschema.exceptions.best_match(schema_validator().iter_errors(json.loads(json.dumps(report, default=str))))
+    if error is not None:
+        raise error
+
+
+def schema_validator():
+    """The report schema's validator, the schema itself checked once per process and schema text."""
+    return _validator((checklists_dir() / SCHEMA).read_text())
+
+
+@functools.lru_cache(maxsize=2)
+def _validator(text: str):
+    import jsonschema
+
+    schema = json.loads(text)
+    kind = jsonschema.validators.validator_for(schema)
+    kind.check_schema(schema)
+    return kind(schema)
 
 
 def _size_line(requested: str, produced: str | None) -> str:
