@@ -135,6 +135,11 @@ def gather_routing(transformer, modules):
 
 FUNCTOR = '''
 # -- a patch functor written by `ditgate scaffold` (used by block_adapter) ----------------------------------------
+def _signature(block):
+    """The parameters of the block class's own forward (hooks may have wrapped the instance's)."""
+    return inspect.signature(type(block).forward.__get__(block))
+
+
 class _Recorder(torch.nn.Module):
     """Stands in for one block while the forward runs to record what the loop hands each block: keeps the
     arguments it is given and returns its stream inputs unchanged, in the order the block returns them."""
@@ -173,7 +178,7 @@ class PerBlockArguments(cache_dit.PatchFunctor):
         originals = {name: getattr(transformer, name) for name in self.lists}  # cache-dit swaps them during calls
         for name, (arguments, _) in self.lists.items():
             for index, block in enumerate(originals[name]):
-                block.forward = self._own(block.forward, recorded[name], index, arguments)
+                block.forward = self._own(block, recorded[name], index, arguments)
         forward = transformer.forward
 
         @functools.wraps(forward)
@@ -181,7 +186,7 @@ class PerBlockArguments(cache_dit.PatchFunctor):
             saved = {name: getattr(transformer, name) for name in self.lists}
             for name, (_, returns) in self.lists.items():
                 recorded[name].clear()
-                signature = inspect.signature(originals[name][0].forward)
+                signature = _signature(originals[name][0])
                 setattr(transformer, name, torch.nn.ModuleList(
                     _Recorder(signature, recorded[name], returns) for _ in range(len(originals[name]))))
             try:
@@ -196,8 +201,8 @@ class PerBlockArguments(cache_dit.PatchFunctor):
         return transformer
 
     @staticmethod
-    def _own(forward, recorded, index, arguments):
-        signature = inspect.signature(forward)
+    def _own(block, recorded, index, arguments):
+        signature, forward = _signature(block), block.forward
 
         @functools.wraps(forward)
         def own(*args, **kwargs):

@@ -168,8 +168,8 @@ def _functor(lists: list) -> tuple[str | None, list[str]]:
     entries, notes = [], []
     for b in lists:
         if b.stream_changed_between or any("also calls" in f for f in b.loop_findings):
-            notes.append(f"NOT HANDLED: `{b.attribute}`: {'; '.join(b.loop_findings)}: a cached block list would skip "
-                         "that work; write a PatchFunctor that moves it into the blocks")
+            notes.append(f"NOT HANDLED: `{b.attribute}`: {'; '.join(b.loop_findings)}; write a PatchFunctor that "
+                         "moves that work into the blocks (cache-dit's HunyuanDiT and ControlNet functors do)")
             continue
         if not b.per_block_arguments:
             continue
