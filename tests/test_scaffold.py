@@ -329,3 +329,39 @@ def test_a_rope_learned_per_head_is_cut_to_each_ranks_heads_under_tp(run_cli, tm
     (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
               if r["name"] == "tp-2"]
     assert code == 1 and row["status"] in ("failed", "error"), row["status"]
+
+
+@pytest.mark.full
+def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_off_departs(run_cli, tmp_path):
+    """Chroma (zoo:pipe/chroma, diffusers' ChromaPipeline): its loop hands each block its own slice of the
+    modulation table (`temb`), observed as block 1 getting another `temb` than block 0. The scaffold writes
+    PerBlockArguments, which records what each block is handed and gives it back under cache-dit's cached block
+    list: the cache row passes with caching off exactly equal to the baseline; the same plugin without the functor
+    fails the cache row's caching-off check."""
+    out = tmp_path / "chroma.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/chroma", "--out", out, "--rows", "cache", "--run-dir",
+                                tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    assert "`transformer_blocks`: block 1 was handed other ['temb'] than block 0 (observed)" in text
+    assert ("patch_functor=PerBlockArguments({\"transformer_blocks\": (['temb'], ['encoder_hidden_states', "
+            "'hidden_states']), \"single_transformer_blocks\": (['temb'], ['hidden_states'])})") in text
+    (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
+    assert row["status"] == "passed" and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["verdict"]
+    bare = tmp_path / "chroma_no_functor.py"
+    functor = text[text.index(",\n                                  patch_functor="):text.index("\n\n\ndef cp_plan")]
+    bare.write_text(text.replace(functor, ")"))
+    assert "patch_functor=" not in bare.read_text()
+    code, stdout, _ = run_cli("run", "zoo:pipe/chroma", "--rows", "cache", "--twin", "off", "--integration", bare,
+                              "--out", tmp_path / "bare", "--json")
+    (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
+    assert code == 1 and row["status"] == "failed" and not row["verdict"]["cache_off"]["passed"], row["verdict"]
+    assert any(r.startswith("caching off, the adapter's latents differ") for r in row["reasons"]), row["reasons"]
+    # Hunyuan-DiT's loop hands later blocks an earlier block's output (`skip`): that follows the stream, so no
+    # recording can stand in for it; the scaffold says so and writes no functor
+    skips = tmp_path / "hunyuandit.py"
+    code, _, err = run_cli("scaffold", "zoo:pipe/hunyuandit", "--out", skips, "--no-run")
+    assert code == 0, err
+    text = skips.read_text()
+    assert "NOT HANDLED: `blocks`: block 3 gets ['skip'] = an earlier block's output" in text
+    assert "patch_functor=" not in text

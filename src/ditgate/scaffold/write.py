@@ -15,7 +15,7 @@ from typing import Any
 
 from ditgate.core.errors import DitgateError
 from ditgate.scaffold.cp import _blocks_expr, _cp
-from ditgate.scaffold.runtime import HELPERS
+from ditgate.scaffold.runtime import FUNCTOR, HELPERS
 
 @dataclass
 class Observed:
@@ -172,7 +172,36 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
             f"CP_SPLIT_DIMS = {{{body}}}"]
 
 
-def _adapter(a, by_t: dict[str, list], alike: list[str]) -> tuple[list[str], list[str]]:
+def _functor(lists: list) -> tuple[str | None, list[str]]:
+    """The PatchFunctor the block loop needs, from what it was seen doing between block calls: per-block arguments
+    (each block handed its own value, not the previous block's output) are recorded per call and handed back to
+    each block (`PerBlockArguments`); a stream the loop changes between blocks, or a module it calls there, is
+    named NOT HANDLED (the fix is the model's own loop moved into a functor by hand)."""
+    entries, notes = [], []
+    for b in lists:
+        if b.stream_changed_between or any("also calls" in f for f in b.loop_findings):
+            notes.append(f"NOT HANDLED: `{b.attribute}`: {'; '.join(b.loop_findings)}; write a PatchFunctor that "
+                         "moves that work into the blocks (cache-dit's HunyuanDiT and ControlNet functors do)")
+            continue
+        if not b.per_block_arguments:
+            continue
+        positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
+        names = {"hidden_states": positional[0] if positional else None, "encoder_hidden_states": b.encoder_param}
+        returns = [names.get(role) for role in b.outputs or []]
+        if None in returns:
+            notes.append(f"NOT HANDLED: `{b.attribute}` gets per-block {b.per_block_arguments}, and what it returns "
+                         f"({b.outputs}) does not map onto its inputs")
+            continue
+        entries.append(f'"{b.attribute}": ({b.per_block_arguments!r}, {returns!r})')
+        notes.append(f"`{b.attribute}`: block 1 was handed other {b.per_block_arguments} than block 0 (observed), "
+                     "while its stream inputs are the previous block's outputs; cache-dit's cached block list "
+                     "would hand every block the first one's: PerBlockArguments records each block's own per call "
+                     "and hands it back; without it the cache row's caching-off check departs from the baseline")
+    return ("PerBlockArguments({" + ", ".join(entries) + "})" if entries else None), notes
+
+
+def _adapter(a, by_t: dict[str, list], alike: list[str], functor: str | None = None,
+             functor_notes: list[str] = ()) -> tuple[list[str], list[str]]:
     """`block_adapter` over every transformer whose block lists all have a ForwardPattern (cache-dit enables cache
     and parallelism on the transformers its adapter names, so one left out runs uncached and whole on every rank),
     and the guard the CP/TP plans start with where a transformer is not of the first one's class and layout."""
@@ -200,6 +229,7 @@ def _adapter(a, by_t: dict[str, list], alike: list[str]) -> tuple[list[str], lis
     if unchecked:
         cache.append(f"    # cache-dit's static check of the block parameter names fails for {unchecked} (the pattern "
                      "was observed from what the blocks do): check_forward_pattern=False")
+    cache += [f"    # {n}" for n in functor_notes]
     listed = lambda items: "[" + ", ".join(items) + "]"  # noqa: E731
     per_t = lambda f: [[f(b) for b in by_t[t]] for t in adapted]  # noqa: E731  one list per transformer
     blocks, patterns = per_t(lambda b: f"pipe.{b.transformer}.{b.attribute}"), \
@@ -212,7 +242,8 @@ def _adapter(a, by_t: dict[str, list], alike: list[str]) -> tuple[list[str], lis
     cache += [f"    return cache_dit.BlockAdapter(pipe=pipe, transformer={listed([modules]) if len(adapted) > 1 else modules},",
               f"                                  blocks={blocks},",
               f"                                  forward_pattern={patterns}, has_separate_cfg={a.has_separate_cfg}"
-              + (", check_forward_pattern=False" if unchecked else "") + ")", "", ""]
+              + (", check_forward_pattern=False" if unchecked else "")
+              + (f",\n                                  patch_functor={functor}" if functor else "") + ")", "", ""]
     guard = []
     if len(by_t) > 1:
         cls = next((c.cls for c in a.components.get("transformers", []) if c.name == first), None)
@@ -240,11 +271,11 @@ def plugin_source(observed: Observed) -> str:
     transformer, lists = next(iter(by_t.items()))
     unpatterned = [b.attribute for b in lists if not b.pattern]
     if unpatterned:
-        raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {unpatterned} (work between the block "
-                           "calls needs a PatchFunctor, which the scaffold does not write yet)")
+        raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {unpatterned} (what they return needs "
+                           "a PatchFunctor that adapts it, which the scaffold does not write)")
     head = [f'"""Integration of {a.pipeline.cls} written by `ditgate scaffold {a.model}` from one observed call.',
             "", "Every choice below names the observation it rests on. Review it against the model's source.", '"""',
-            "", "import inspect", "import sys", "", "import cache_dit", "import torch", "import torch.distributed as dist",
+            "", "import functools", "import inspect", "import sys", "", "import cache_dit", "import torch", "import torch.distributed as dist",
             "from cache_dit.attention import _dispatch_attention_fn",
             "from cache_dit.distributed.core import _ContextParallelInput, _ContextParallelOutput",
             "from cache_dit.distributed.utils import shard_div_attr",
@@ -254,7 +285,8 @@ def plugin_source(observed: Observed) -> str:
     classes = {c.name: c.cls for c in a.components.get("transformers", [])}
     shapes = {t: [(b.attribute, b.block_class) for b in ls] for t, ls in by_t.items()}
     alike = [t for t in by_t if classes.get(t) == classes.get(transformer) and shapes[t] == shapes[transformer]]
-    cache, guard = _adapter(a, by_t, alike)
+    functor, functor_notes = _functor(lists)
+    cache, guard = _adapter(a, by_t, alike, functor, functor_notes)
     entries, notes, code = _cp(observed, transformer, lists[0])
     switches = _split_dims(a, transformer, lists)
     if any("REORDER_MASK" in c for c in code):
@@ -301,5 +333,6 @@ def plugin_source(observed: Observed) -> str:
             tp += ["        parallelize_module(block, tp_mesh, plan)"]
         tp.append("    plans.append(plan)")
     tp += ["    return plans", ""]
-    helpers = [HELPERS.strip("\n"), "", ""] if code or any("cut_head_tables(" in line for line in tp) else []
+    helpers = ([HELPERS.strip("\n"), "", ""] if code or any("cut_head_tables(" in line for line in tp) else []) \
+        + ([FUNCTOR.strip("\n"), "", ""] if functor else [])
     return "\n".join(head + switches + ([""] if switches else []) + helpers + cache + cp + tp)
