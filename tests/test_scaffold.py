@@ -267,6 +267,70 @@ def test_a_chained_modulation_pair_is_reported_and_its_first_kept_whole_passes_t
     assert code == 1 and status == "error" and "norm1.linear.1" in reasons, statuses
 
 
+# model -> (an entry the scaffold writes, the text that replaces it in the opposite plugin, why)
+_TABLES = {
+    # LTX-Video's RoPE module reads the frame grid, not the tokens: split at its output, not at the root
+    "pipe/ltx": ('"rope": {0: _ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)',
+                 '"rope": {0: None', "root"),
+    # Stable Audio's RoPE tuple (cos, sin) reaches every block whole: each element split at every block
+    "stable-audio": ('"transformer_blocks.*": {"rotary_embedding": [_ContextParallelInput(split_dim=0, '
+                     'expected_dims=2, split_output=False), _ContextParallelInput(split_dim=0, expected_dims=2, '
+                     'split_output=False)]},', "", "tuple"),
+    # FLUX.2's joint RoPE is concatenated in forward from the text's and the image's positions: split both at the root
+    "pipe/flux2-klein": ('"img_ids": _ContextParallelInput(split_dim=1, expected_dims=3, split_output=False), '
+                         '"txt_ids": _ContextParallelInput(split_dim=1, expected_dims=3, split_output=False)', "",
+                         "joint"),
+}
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("name", sorted(_TABLES))
+def test_per_token_tables_are_split_where_their_rows_follow_the_tokens(run_cli, tmp_path, name):
+    """Each plugin passes cp-ulysses-2 (on the survey it crashed: a root split left LTX's RoPE whole, Stable Audio's
+    RoPE tuple was left whole, FLUX.2-klein's joint RoPE was not split at all); the plugin without that entry fails."""
+    entry, replacement, _ = _TABLES[name]
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", f"zoo:{name}", "--out", out, "--rows", "cp-ulysses-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    assert entry in text, text
+    if name == "pipe/ltx":  # the opposite: the table's module left alone, the stream split at the root
+        opposite = text.replace('"transformer_blocks.0": {"hidden_states"', '"": {"hidden_states"').replace(
+            text[text.index('        "rope": {'):].split("\n", 1)[0] + "\n", "")
+    else:
+        opposite = text.replace(entry, replacement)
+    assert opposite != text
+    plugin = tmp_path / "opposite.py"
+    plugin.write_text(opposite)
+    code, _, _ = run_cli("run", f"zoo:{name}", "--rows", "cp-ulysses-2", "--integration", plugin, "--dtype",
+                         "float32", "--out", tmp_path / "opposite", "-q")
+    (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
+              if r["name"] == "cp-ulysses-2"]
+    assert code == 1 and row["status"] in ("failed", "error"), row["status"]
+
+
+@pytest.mark.full
+def test_a_rope_learned_per_head_is_cut_to_each_ranks_heads_under_tp(run_cli, tmp_path):
+    """Mochi's RoPE is learned per head ([tokens, heads, dim]) and handed to its attention: the scaffold observes the
+    heads dimension and cuts the table to each rank's heads (on the survey, tp-2 crashed: 'size of tensor a (2) must
+    match b (4)'); without that line tp-2 fails again."""
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/mochi", "--out", out, "--rows", "tp-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    line = "        cut_head_tables(block.attn1, 4, tp_mesh, ('image_rotary_emb',))\n"
+    assert line in text, text
+    plugin = tmp_path / "opposite.py"
+    plugin.write_text(text.replace(line, ""))
+    code, _, _ = run_cli("run", "zoo:pipe/mochi", "--rows", "tp-2", "--integration", plugin, "--dtype", "float32",
+                         "--out", tmp_path / "opposite", "-q")
+    (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
+              if r["name"] == "tp-2"]
+    assert code == 1 and row["status"] in ("failed", "error"), row["status"]
+
+
 @pytest.mark.full
 def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_off_departs(run_cli, tmp_path):
     """Chroma (zoo:pipe/chroma, diffusers' ChromaPipeline): its loop hands each block its own slice of the

@@ -53,7 +53,7 @@ def observe(model) -> Observed:
                         seen.child_inputs[key] = [list(a.shape) for a in (*args, *kwargs.values())
                                                   if isinstance(a, torch.Tensor)]
                 handles.append(child.register_forward_pre_hook(child_pre, with_kwargs=True))
-            _processors(module, seen.processors)
+            _processors(module, seen.processors, handles)
 
     try:
         seen.anatomy = inspect_model(model, on_load=hook_all)
@@ -63,10 +63,14 @@ def observe(model) -> Observed:
     return seen
 
 
-def _processors(transformer, out: dict[str, dict[str, Any]]) -> None:
+def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> None:
     """Per attention group (`list.*.path`): whether its processor carries a CP config attribute, whether its code calls
-    `dispatch_attention_fn` (so the call can be routed), and the int attributes TP must divide (heads, inner widths)."""
+    `dispatch_attention_fn` (so the call can be routed), the int attributes TP must divide (heads, inner widths), and
+    (filled on the call) the keyword tables it receives with one row per head (`head_tables`: Mochi's RoPE, learned
+    per head, [tokens, heads, dim])."""
     import sys
+
+    import torch
 
     from ditgate.inspect.observe import block_lists, is_attention_module
 
@@ -84,11 +88,19 @@ def _processors(transformer, out: dict[str, dict[str, Any]]) -> None:
                 code = pyinspect.getsource(type(processor).__call__) if processor is not None else ""
             except (OSError, TypeError):
                 code = ""
-            out[f"{attribute}.*.{path}"] = {
+            group = out[f"{attribute}.*.{path}"] = {
                 "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
                                  for n in ("_parallel_config", "_cp_config")),
                 "routable": "dispatch_attention_fn" in namespace or "scaled_dot_product_attention" in code,
-                "divide": divide}
+                "divide": divide, "head_tables": [], "heads": heads}
+
+            def tables(mod, args, kwargs, group=group, heads=heads):
+                for name, value in kwargs.items():
+                    leaves = value if isinstance(value, (tuple, list)) else [value]
+                    if heads and heads > 1 and name not in group["head_tables"] and any(
+                            isinstance(x, torch.Tensor) and x.ndim >= 3 and x.shape[-2] == heads for x in leaves):
+                        group["head_tables"].append(name)
+            handles.append(module.register_forward_pre_hook(tables, with_kwargs=True))
 
 
 def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], chains: list[tuple[str, str]] = (),
@@ -317,10 +329,17 @@ def plugin_source(observed: Observed) -> str:
         for b in listed:
             tp += [f"    for block in {_blocks_expr(b.attribute, span_text.rstrip(']'), b.length)}:"]
             for p in attn:
-                divide = observed.processors.get(f"{b.attribute}.*.{p}", {}).get("divide") or ["heads"]
+                group = observed.processors.get(f"{b.attribute}.*.{p}", {})
+                if group.get("head_tables"):
+                    tp += [f"        # `{p}` receives {group['head_tables']} with one row per head (observed "
+                           f"[..., {group['heads']}, dim]): cut to this rank's heads; left whole, tp-2 fails",
+                           f"        cut_head_tables(block.{p}, {group['heads']}, tp_mesh, "
+                           f"{tuple(group['head_tables'])!r})"]
+                divide = group.get("divide") or ["heads"]
                 tp += [f"        shard_div_attr(block.{p}, \"{n}\", tp)" for n in divide]
             tp += ["        parallelize_module(block, tp_mesh, plan)"]
         tp.append("    plans.append(plan)")
     tp += ["    return plans", ""]
-    helpers = ([HELPERS.strip("\n"), "", ""] if code else []) + ([FUNCTOR.strip("\n"), "", ""] if functor else [])
+    helpers = ([HELPERS.strip("\n"), "", ""] if code or any("cut_head_tables(" in line for line in tp) else []) \
+        + ([FUNCTOR.strip("\n"), "", ""] if functor else [])
     return "\n".join(head + switches + ([""] if switches else []) + helpers + cache + cp + tp)
