@@ -253,11 +253,17 @@ def _judge_columns(entry: Entry, folder: Path, steps: dict, skip_parallel: bool)
     for row in rows:
         entry.cells.setdefault(row, "FAIL")
     if "twin" in steps:
-        twin_cell(entry, steps, rows, Path(f"{folder}.twin.run") / "report.json")
+        twin_cell(entry, steps, rows, Path(f"{folder}.twin.run") / "report.json", by_name)
 
 
-def twin_cell(entry: Entry, steps: dict, rows: list[str], report_path: Path) -> None:
-    """`agree` when every row's verdict on the twin equals the tiny copy's, else `DIFFER` and why."""
+def twin_cell(entry: Entry, steps: dict, rows: list[str], report_path: Path, tiny: dict | None = None) -> None:
+    """`agree` when every row's verdict on the twin equals the tiny copy's, else `DIFFER` and why. A cache row is
+    compared as twin rows judge it (`ditgate.run.twinned.verdict`: its proofs and its caching-off check): its
+    approximation gate depends on the weights and the steps, so a tiny copy and a twin may differ there with the
+    same structure (mochi's latent rule: 0.091 against 0.05 on the tiny copy, a pass on the twin); such a
+    difference is named, not counted."""
+    from ditgate.run.twinned import verdict as structural
+
     if steps["twin"]["rc"] != 0 or not report_path.is_file():
         step = "twin" if steps["twin"]["rc"] != 0 else "twin_run"
         out = steps.get(step, {}).get("out", steps.get("late", "the worker ended before this step"))
@@ -269,6 +275,19 @@ def twin_cell(entry: Entry, steps: dict, rows: list[str], report_path: Path) -> 
     for row in rows:
         got = twin_rows.get(row)
         verdict = "pass" if got and got.get("status") == "passed" else "FAIL"
+        mine = (tiny or {}).get(row)
+        if got and mine and got.get("phase") == "cache" and got.get("status") != "error" \
+                and mine.get("status") != "error":
+            ours, theirs = structural(mine)["status"], structural(got)["status"]
+            if ours == theirs:
+                if verdict != entry.cells.get(row):
+                    entry.reasons.append(f"twin: {row}'s structure agrees ({ours}); its approximation gate "
+                                         f"{entry.cells.get(row)} on the tiny copy, {verdict} on the twin (weights)")
+                continue
+            why = "; ".join(structural(got)["reasons"])
+            differ.append(f"twin: {row} structure {ours} on the tiny copy, {theirs} on the twin"
+                          + (f" ({why[:300]})" if why else ""))
+            continue
         if verdict != entry.cells.get(row):
             why = survey_steps.row_reason(got) if got else "not in the twin's report"
             differ.append(f"twin: {row} {entry.cells.get(row)} on the tiny copy, {verdict} on the twin"

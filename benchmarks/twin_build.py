@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if n in wanted]
     work = args.work or Path(tempfile.mkdtemp(prefix="twin_build."))
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), DITGATE_HOME=str(work / "home"))
+    # src first, then the caller's path (wheels installed into a target folder on a machine without the venv)
+    path = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = dict(os.environ, PYTHONPATH=path, DITGATE_HOME=str(work / "home"))
     old = json.loads(args.out.read_text()) if args.out.is_file() else {"records": [], "runs": []}
     records = {r["model"]: r for r in old["records"]}
     command = "python benchmarks/twin_build.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))

@@ -44,6 +44,34 @@ def test_still_needed_rmsnorm_asserts_not_cpu():
         assert '!= "cpu"' in inspect.getsource(module.DistributedRMSNorm.forward), name
 
 
+@pytest.mark.full  # a fresh process importing cache-dit: 20 s under load
+def test_a_cpu_rank_where_the_build_reports_a_gpu_gets_the_cpu_device():
+    """cache-dit's enable_parallelism (CP) takes `rank % device_count()` of `torch._C._get_accelerator()`, which a
+    CUDA build answers `cuda` on a CPU rank whose GPU is hidden: zero devices, ZeroDivisionError (a twin's
+    cp-ulysses-2 on a GPU machine's CPU). Reproduced here by having the accelerator report cuda with no device."""
+    from cache_dit.distributed.core import _runtime
+
+    assert "torch._C._get_accelerator().type" in inspect.getsource(_runtime)  # else delete the patch
+    code = """
+import torch
+torch._C._get_accelerator = lambda check=None: torch.device("cuda")  # a CUDA build, its GPU hidden from this rank
+def device(rank=1):  # cache-dit's own expression in enable_parallelism
+    device_type = torch._C._get_accelerator().type
+    return torch.device(device_type, rank % torch.get_device_module(device_type).device_count())
+try:
+    device()
+    raise SystemExit("no error without the patch")
+except ZeroDivisionError:
+    pass
+from ditgate.run.exec import compat
+assert "compiled-accelerator-cpu" in compat.apply_cpu_patches()
+print("ok", device())
+"""
+    done = _in_fresh_process(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok cpu" in done.stdout
+
+
 def test_patches_work_in_a_fresh_process():
     code = """
 import torch

@@ -331,3 +331,43 @@ def test_an_export_that_fails_its_proof_writes_nothing(tmp_path):
     proof = next(line for line in pr.splitlines() if line.startswith("| tp-2 |") and "KeyError" in line)
     assert "'relayout'" in proof
     assert _snapshot(fresh) == pristine and not (fresh / "tests").exists()
+
+
+@pytest.mark.full
+def test_a_scaffolded_plugin_exports_with_its_helpers_and_proves_without_ditgate(run_cli, tmp_path):
+    """The plugin `ditgate scaffold zoo:tinymoe` writes routes attention through cache-dit's dispatcher and runs
+    its router on the gathered sequence with helpers written into it (RoutedAttention, GatheredRouting, the
+    switches they read). Exported, those helpers move into the planner module with the imports they use: the
+    export's gate run, its proof without the file and its written test under pytest without ditgate pass, and no
+    written file imports ditgate. The PerBlockArguments functor the scaffold writes for Chroma moves into a functor
+    module that cache-dit's registry resolves in a process without ditgate."""
+    plugin = tmp_path / "tinymoe_scaffolded.py"
+    code, _, err = run_cli("scaffold", "zoo:tinymoe", "--out", plugin, "--no-run")
+    assert code == 0, err
+    assert "class RoutedAttention" in plugin.read_text() and "class GatheredRouting" in plugin.read_text()
+    tree_dir = copy_cache_dit(tmp_path / "tree")
+    done = _cli("export", "--integration", str(plugin), "--model", "zoo:tinymoe", "--to", str(tree_dir),
+                "--rows", "cache,cp-ulysses-2,tp-2", "--out", str(tmp_path / "out"), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["status"] == "exported" and result["gate_passed"] and result["proof_passed"], result
+    assert result["pytest"]["passed"] and not result["left_out"], result["pytest"]
+    planner = (tree_dir / "cache_dit/distributed/transformers/tinymoe.py").read_text()
+    for name in ("class RoutedAttention", "def route_attention", "class GatheredRouting", "def gather_routing",
+                 "def _cp_config_of", "GATHER_ROUTING = True", "REORDER_MASK = True", "import inspect"):
+        assert name in planner, name
+    for rel in result["written"]:
+        text = (tree_dir / rel).read_text() if rel.endswith(".py") else ""
+        assert "import ditgate" not in text and "from ditgate" not in text, rel
+    chroma = tmp_path / "chroma_scaffolded.py"
+    code, _, err = run_cli("scaffold", "zoo:pipe/chroma", "--out", chroma, "--no-run")
+    assert code == 0, err
+    tree = Tree.open(tree_dir)
+    code_edits(tree, Source.read(chroma), Names.of("MyChromaPipeline", "MyChromaTransformer2DModel"))
+    assert "cache_dit/caching/patch_functors/functor_mychroma.py" in tree.write()
+    probe = ("import sys\nfrom cache_dit.caching.patch_functors.functor_mychroma import PerBlockArguments\n"
+             "import cache_dit\nassert issubclass(PerBlockArguments, cache_dit.PatchFunctor)\n"
+             "print('ditgate' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tree_dir, env={"PYTHONPATH": str(tree_dir),
+                         "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]

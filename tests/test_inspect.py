@@ -251,6 +251,7 @@ def test_work_between_blocks_and_renamed_inputs_need_a_patch_functor():
     joint = _list(anatomy, "transformer_blocks")
     assert joint.patch_functor_needed
     assert any("hidden_states changes between block 0 and block 1" in f for f in joint.loop_findings)
+    assert joint.stream_changed_between and not joint.per_block_arguments  # the scaffold marks it NOT HANDLED
     x = _list(anatomy, "x_blocks")
     assert x.outputs == ["hidden_states"] and x.pattern == "Pattern_3" and not x.loop_findings
     assert x.check_forward_pattern is False and "'x'" in x.pattern_reason

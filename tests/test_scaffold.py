@@ -216,3 +216,169 @@ def test_wan22_plugin_adapts_both_experts_and_one_left_out_fails_naming_it(run_c
         assert rows[name]["status"] in ("failed", "error"), (name, rows[name]["status"])
         said = json.dumps(rows[name]["proofs"]) + " ".join(rows[name].get("reasons") or [])
         assert "transformer_2" in said, (name, said[:400])
+
+
+CHAIN_CALL = ("--dtype", "float32", "--height", "32", "--width", "32", "--steps", "4", "--prompt", "a red cube")
+
+
+@pytest.mark.full
+def test_a_chained_modulation_pair_is_reported_and_its_first_kept_whole_passes_tp(run_cli, tmp_path):
+    """diffusers' FluxPipeline with examples/tinychain's transformer (FLUX.1's, its double blocks' AdaLayerNormZero
+    modulation a Linear(64, 16) feeding a Linear(16, 384)): inspect reports the chain; the scaffold keeps the first
+    whole and shards the second Colwise with a replicated output, and tp-2 passes; both Colwise crashes tp-2 in the
+    second Linear (it receives half of the first's features)."""
+    import torch
+
+    from ditgate.core.examples import ensure_importable
+    from ditgate.zoo import builders
+
+    ensure_importable("tinychain")
+    from tinychain import TinyChainTransformer2DModel
+
+    pipe = builders.build_flux(0)
+    torch.manual_seed(0)
+    pipe.register_modules(transformer=TinyChainTransformer2DModel(modulation_rank=16))
+    folder = tmp_path / "tinychain"
+    pipe.save_pretrained(folder)
+    code, stdout, err = run_cli("inspect", folder, *CHAIN_CALL, "--json")
+    assert code == 0, err
+    anatomy = json.loads(stdout)
+    assert ["transformer.transformer_blocks.*.norm1.linear.0", "transformer.transformer_blocks.*.norm1.linear.1"] \
+        in anatomy["traits"]["linear_chains"]
+    styles = {r["layer"]: r["style"] for r in anatomy["tp_layers"]["FluxTransformerBlock"]}
+    assert styles["norm1.linear.0"].startswith("keep whole: its output feeds `norm1.linear.1`"), styles
+    out = tmp_path / "chain.py"
+    code, _, err = run_cli("scaffold", folder, *CHAIN_CALL, "--out", out, "--no-run")
+    assert code == 0, err
+    text = out.read_text()
+    assert "`norm1.linear.0` feeds `norm1.linear.1` (observed): `norm1.linear.0` kept whole" in text
+    assert '"norm1.linear.1": ColwiseParallel(output_layouts=Replicate())' in text and '"norm1.linear.0"' not in text
+    both = tmp_path / "chain_both_colwise.py"
+    both.write_text(text.replace('plan = {"attn.to_q"', 'plan = {"norm1.linear.0": ColwiseParallel(), "attn.to_q"'))
+    assert '"norm1.linear.0": ColwiseParallel()' in both.read_text()
+    statuses = {}
+    for plugin in (out, both):
+        code, stdout, _ = run_cli("run", folder, *CHAIN_CALL, "--rows", "tp-2", "--twin", "off", "--integration",
+                                  plugin, "--out", tmp_path / plugin.stem, "--json")
+        (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "tp-2"]
+        statuses[plugin.stem] = (code, row["status"], " ".join(row["reasons"]))
+    assert statuses["chain"][:2] == (0, "passed"), statuses
+    code, status, reasons = statuses["chain_both_colwise"]
+    assert code == 1 and status == "error" and "norm1.linear.1" in reasons, statuses
+
+
+# model -> (an entry the scaffold writes, the text that replaces it in the opposite plugin, why)
+_TABLES = {
+    # LTX-Video's RoPE module reads the frame grid, not the tokens: split at its output, not at the root
+    "pipe/ltx": ('"rope": {0: _ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)',
+                 '"rope": {0: None', "root"),
+    # Stable Audio's RoPE tuple (cos, sin) reaches every block whole: each element split at every block
+    "stable-audio": ('"transformer_blocks.*": {"rotary_embedding": [_ContextParallelInput(split_dim=0, '
+                     'expected_dims=2, split_output=False), _ContextParallelInput(split_dim=0, expected_dims=2, '
+                     'split_output=False)]},', "", "tuple"),
+    # FLUX.2's joint RoPE is concatenated in forward from the text's and the image's positions: split both at the root
+    "pipe/flux2-klein": ('"img_ids": _ContextParallelInput(split_dim=1, expected_dims=3, split_output=False), '
+                         '"txt_ids": _ContextParallelInput(split_dim=1, expected_dims=3, split_output=False)', "",
+                         "joint"),
+}
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("name", sorted(_TABLES))
+def test_per_token_tables_are_split_where_their_rows_follow_the_tokens(run_cli, tmp_path, name):
+    """Each plugin passes cp-ulysses-2 (on the survey it crashed: a root split left LTX's RoPE whole, Stable Audio's
+    RoPE tuple was left whole, FLUX.2-klein's joint RoPE was not split at all); the plugin without that entry fails."""
+    entry, replacement, _ = _TABLES[name]
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", f"zoo:{name}", "--out", out, "--rows", "cp-ulysses-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    assert entry in text, text
+    if name == "pipe/ltx":  # the opposite: the table's module left alone, the stream split at the root
+        opposite = text.replace('"transformer_blocks.0": {"hidden_states"', '"": {"hidden_states"').replace(
+            text[text.index('        "rope": {'):].split("\n", 1)[0] + "\n", "")
+    else:
+        opposite = text.replace(entry, replacement)
+    assert opposite != text
+    plugin = tmp_path / "opposite.py"
+    plugin.write_text(opposite)
+    code, _, _ = run_cli("run", f"zoo:{name}", "--rows", "cp-ulysses-2", "--integration", plugin, "--dtype",
+                         "float32", "--out", tmp_path / "opposite", "-q")
+    (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
+              if r["name"] == "cp-ulysses-2"]
+    assert code == 1 and row["status"] in ("failed", "error"), row["status"]
+
+
+@pytest.mark.full
+def test_a_rope_learned_per_head_is_cut_to_each_ranks_heads_under_tp(run_cli, tmp_path):
+    """Mochi's RoPE is learned per head ([tokens, heads, dim]) and handed to its attention: the scaffold observes the
+    heads dimension and cuts the table to each rank's heads (on the survey, tp-2 crashed: 'size of tensor a (2) must
+    match b (4)'); without that line tp-2 fails again."""
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/mochi", "--out", out, "--rows", "tp-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    line = "        cut_head_tables(block.attn1, 4, tp_mesh, ('image_rotary_emb',))\n"
+    assert line in text, text
+    plugin = tmp_path / "opposite.py"
+    plugin.write_text(text.replace(line, ""))
+    code, _, _ = run_cli("run", "zoo:pipe/mochi", "--rows", "tp-2", "--integration", plugin, "--dtype", "float32",
+                         "--out", tmp_path / "opposite", "-q")
+    (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
+              if r["name"] == "tp-2"]
+    assert code == 1 and row["status"] in ("failed", "error"), row["status"]
+
+
+@pytest.mark.full
+def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_off_departs(run_cli, tmp_path):
+    """Chroma (zoo:pipe/chroma, diffusers' ChromaPipeline): its loop hands each block its own slice of the
+    modulation table (`temb`), observed as block 1 getting another `temb` than block 0. The scaffold writes
+    PerBlockArguments, which records what each block is handed and gives it back under cache-dit's cached block
+    list: the cache row passes with caching off exactly equal to the baseline; the same plugin without the functor
+    fails the cache row's caching-off check."""
+    out = tmp_path / "chroma.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/chroma", "--out", out, "--rows", "cache", "--run-dir",
+                                tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    assert "`transformer_blocks`: block 1 was handed other ['temb'] than block 0 (observed)" in text
+    assert ("patch_functor=PerBlockArguments({\"transformer_blocks\": (['temb'], ['encoder_hidden_states', "
+            "'hidden_states']), \"single_transformer_blocks\": (['temb'], ['hidden_states'])})") in text
+    (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
+    assert row["status"] == "passed" and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["verdict"]
+    bare = tmp_path / "chroma_no_functor.py"
+    functor = text[text.index(",\n                                  patch_functor="):text.index("\n\n\ndef cp_plan")]
+    bare.write_text(text.replace(functor, ")"))
+    assert "patch_functor=" not in bare.read_text()
+    code, stdout, _ = run_cli("run", "zoo:pipe/chroma", "--rows", "cache", "--twin", "off", "--integration", bare,
+                              "--out", tmp_path / "bare", "--json")
+    (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
+    assert code == 1 and row["status"] == "failed" and not row["verdict"]["cache_off"]["passed"], row["verdict"]
+    assert any(r.startswith("caching off, the adapter's latents differ") for r in row["reasons"]), row["reasons"]
+    # Hunyuan-DiT's loop hands later blocks an earlier block's output (`skip`): that follows the stream, so no
+    # recording can stand in for it; the scaffold says so and writes no functor
+    skips = tmp_path / "hunyuandit.py"
+    code, _, err = run_cli("scaffold", "zoo:pipe/hunyuandit", "--out", skips, "--no-run")
+    assert code == 0, err
+    text = skips.read_text()
+    assert "NOT HANDLED: `blocks`: block 3 gets ['skip'] = an earlier block's output" in text
+    assert "patch_functor=" not in text
+
+
+@pytest.mark.full
+def test_hidream_lists_no_pattern_fits_are_left_out_and_loop_work_is_named(run_cli, tmp_path):
+    """HiDream-I1 (zoo:pipe/hidream): `caption_projection` is a ModuleList of text projections no ForwardPattern fits;
+    it is left out of the adapter (was: the whole scaffold refused); the double blocks' call form and the work the
+    single-block loop does between blocks are named NOT HANDLED, and the cache row does not pass."""
+    out = tmp_path / "hidream.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/hidream", "--out", out, "--rows", "cache", "--run-dir",
+                                tmp_path / "run")
+    text = out.read_text()
+    assert "NOT HANDLED: `transformer.caption_projection` (4 x TextProjection) left out of the adapter" in text
+    assert "NOT HANDLED: `double_stream_blocks` needs a PatchFunctor the scaffold does not write" in text
+    assert "NOT HANDLED: `single_stream_blocks`: hidden_states changes between block 0 and block 1" in text
+    assert "caption_projection]" not in text.split("def block_adapter")[1].split("def cp_plan")[0]
+    (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
+    assert code == 1 and row["status"] != "passed"

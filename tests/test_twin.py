@@ -39,7 +39,8 @@ def test_configs_and_tokenizers_alone_make_a_twin_with_the_same_widths(run_cli, 
     for width in ("num_attention_heads", "attention_head_dim", "joint_attention_dim", "in_channels", "patch_size",
                   "pooled_projection_dim", "axes_dims_rope"):
         assert after[width] == before[width], width
-    assert (after["num_layers"], after["num_single_layers"]) == (1, 1) < (before["num_layers"],
+    # one block of each list, two of the smaller-block list: a cache computes each list's first block
+    assert (after["num_layers"], after["num_single_layers"]) == (1, 2) < (before["num_layers"],
                                                                         before["num_single_layers"])
     assert config(twin, "vae")["latent_channels"] == config(source, "vae")["latent_channels"]
     assert any(p.name.endswith(".safetensors") for p in (twin / "transformer").iterdir())
@@ -235,6 +236,100 @@ def test_a_class_conditioned_pipeline_twins_without_a_prompt(run_cli, zoo_path, 
     made = twin_json(run_cli, zoo_path("pipe/dit"), tmp_path / "twin")
     assert "prompt" not in made["call"] and made["call"]["class_labels"] == [0], made["call"]
     assert made["checks"]["output_change"] > 1e-3
+
+
+def test_a_processor_without_files_gets_a_chat_processor_stand_in(tmp_path):
+    """FLUX.2-dev's folder names a PixtralProcessor and ships no tokenizer folder (and Pixtral's class needs
+    torchvision): the twin refused it ("has no folder"). A processor without files now gets a chat processor that
+    loads offline: the index names the class that reads it, the paired encoder's vocabulary fits it, and the
+    pipeline's chat-template call pads the prompt to the asked length."""
+    from pathlib import Path
+
+    import transformers
+    from diffusers.pipelines.flux2.pipeline_flux2 import format_input
+
+    from ditgate.twin import assemble, source as source_mod, text
+
+    src = source_mod.read(str(Path(source_mod.__file__).parent / "configs" / "flux2-dev"))
+    assert src.components["tokenizer"].kind == "tokenizer" and src.components["tokenizer"].folder is None
+    summaries, rewrites, vocab = assemble._tokenizers(src, tmp_path, lambda message: None)
+    assert summaries["tokenizer"]["action"] == "stand-in" and set(vocab) == {"text_encoder"}
+    cls = getattr(transformers, rewrites.get("tokenizer", "PixtralProcessor"))
+    processor = cls.from_pretrained(str(tmp_path / "tokenizer"))
+    inputs = processor.apply_chat_template(format_input(prompts=["a red cube"], system_message="be brief"),
+                                           add_generation_prompt=False, tokenize=True, return_dict=True,
+                                           return_tensors="pt", padding="max_length", truncation=True, max_length=64)
+    assert inputs["input_ids"].shape == (1, 64) and 0 < int(inputs["attention_mask"].sum()) < 64
+    encoder = json.loads((Path(source_mod.__file__).parent / "configs" / "flux2-dev" / "text_encoder" /
+                          "config.json").read_text())
+    changes = text.vocab_changes(encoder, vocab["text_encoder"])
+    assert changes[("text_config", "vocab_size")] >= int(inputs["input_ids"].max()) + 1
+
+
+def test_lists_that_run_over_two_block_lists_are_cut_with_them():
+    """HiDream's transformer has a caption projection per double- and single-stream block (their counts summed) and
+    a `llama_layers` list with one Llama hidden-state index per block of both lists: the single-stream list was kept
+    whole ("no shorter count rebuilds its kinds"), a 10.6 B-parameter transformer twin, and the build was killed at
+    22.8 GiB. Both lists are now cut (one of them to two blocks), `llama_layers` to the kept blocks' entries mapped
+    into the twin's cut Llama, and the twin runs on a 1-layer encoder's hidden states."""
+    import torch
+    from diffusers import HiDreamImageTransformer2DModel
+
+    from ditgate.twin import cut
+    from ditgate.twin.meta import DIFFUSERS, instantiate
+
+    config = dict(patch_size=2, in_channels=4, out_channels=4, num_layers=3, num_single_layers=5,
+                  attention_head_dim=16, num_attention_heads=2, caption_channels=[16, 16], text_emb_dim=16,
+                  num_routed_experts=2, num_activated_experts=1, axes_dims_rope=(8, 4, 4), max_resolution=(8, 8),
+                  llama_layers=[0, 1, 2, 3, 4, 5, 5, 5])
+    plan = cut.plan(HiDreamImageTransformer2DModel, DIFFUSERS, config, "transformer", denoiser=True,
+                    encoder_depths=[(6, 1), (4, 2)])
+    twin = plan.config
+    # one block of each list, two of the smaller-block one (a cache has a block to skip)
+    assert sorted([twin["num_layers"], twin["num_single_layers"]]) == [1, 2] and not plan.whole, plan.whole
+    blocks = twin["num_layers"] + twin["num_single_layers"]
+    assert twin["llama_layers"] == [0] * blocks, twin["llama_layers"]  # layers 0..4 of 6 -> layer 0 of the cut 1
+    torch.manual_seed(0)
+    model = instantiate(HiDreamImageTransformer2DModel, DIFFUSERS, twin).eval()
+    assert len(model.caption_projection) == blocks + 1
+    with torch.no_grad():
+        out = model(hidden_states=torch.randn(1, 4, 8, 8), timesteps=torch.tensor([500.0]),
+                    encoder_hidden_states_t5=torch.randn(1, 3, 16), encoder_hidden_states_llama3=torch.randn(1, 1, 3, 16),
+                    pooled_embeds=torch.randn(1, 16), return_dict=False)[0]
+    assert out.shape == (1, 4, 8, 8)
+
+
+@pytest.mark.full  # about 40 s on 2 loaded cores: the twin's whole call at 4, 6 and 8 steps
+def test_each_of_two_transformers_takes_enough_steps_for_a_cache(run_cli, zoo_path, tmp_path):
+    """Wan 2.2's second transformer takes the steps after its boundary: at the twin's 4 steps each expert took 2,
+    which a cache's 2 warm-up steps covered, and the cache row said "did not act" on a twin run directly. Steps
+    are added until each transformer takes 3 of its own."""
+    made = twin_json(run_cli, zoo_path("pipe/wan22"), tmp_path / "twin")
+    steps, calls = made["call"]["num_inference_steps"], made["checks"]["calls"]
+    per_step = sum(calls.values()) / steps
+    assert steps > 4 and min(calls.values()) / per_step >= 3, (steps, calls)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("source, why", [
+    ("pipe/wan22", "two transformers: each takes its own steps"),
+    ("pipe/hunyuanvideo", "two block lists, each cached with its first block computed"),
+    ("pipe/chroma", "two block lists (Flux-like, no dummy blocks)"),
+    ("qwen-image", "no negative prompt in the source call: one call per step, cache-dit assumes two"),
+])
+def test_a_cache_row_acts_on_a_twin_run_directly(run_cli, zoo_path, tmp_path, source, why):
+    """The twin's call lets a run's default cache row act: `ditgate run TWIN --rows cache` proves it acted (it said
+    "did not act" on qwen-image, wan2.2 and hunyuanvideo's real configurations, and on the survey's chroma/ovis)."""
+    folder = configs_only(zoo_path(source), tmp_path / "source")
+    meta = json.loads((folder / "ditgate.json").read_text())
+    meta["call"].pop("negative_prompt", None)
+    (folder / "ditgate.json").write_text(json.dumps(meta))
+    twin_json(run_cli, folder, tmp_path / "twin")
+    code, out, err = run_cli("run", tmp_path / "twin", "--rows", "cache", "--dtype", "float32", "--device", "cpu",
+                             "--out", tmp_path / "run", "--json")
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    row = next(r for r in report["rows"] if r["name"] == "cache")
+    assert [p for p in row["proofs"] if p["feature"] == "cache"][0]["passed"], (why, row["proofs"])
 
 
 def test_a_denoiser_with_an_embedder_list_keeps_a_block_for_the_cache_to_skip():

@@ -46,4 +46,7 @@ def ensure_packages(index: dict[str, Any]) -> list[str]:
     """Make every example package that `model_index.json` (`index`) names importable; returns their names."""
     named = [index.get("_class_name")] + [v for k, v in index.items() if not k.startswith("_")]
     packages = {str(v[0]).split(".")[0] for v in named if isinstance(v, (list, tuple)) and len(v) == 2 and v[0]}
-    return sorted(p for p in packages if ships(p) and ensure_importable(p))
+    found = sorted(p for p in packages if ships(p) and ensure_importable(p))
+    for package in found:  # imported: diffusers loads a component of a standard pipeline only from a module already
+        importlib.import_module(package)  # imported (an example's transformer under diffusers' FluxPipeline)
+    return found

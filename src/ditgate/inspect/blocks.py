@@ -179,12 +179,20 @@ def audit_loop(block: BlockList, record, h_param: str | None) -> None:
                 continue
             got = transition.flows.get(position)
             if got is None or got[0] != want:
+                block.stream_changed_between = True
                 block.loop_findings.append(
                     f"{role} changes between block {transition.index - 1} and block {transition.index}: the loop "
                     "does work between block calls, which a cached block list would skip")
                 break
         changed = [a for a in transition.changed_args if a not in targets.values()]
+        if transition.from_outputs:  # a long skip inside the loop: the argument follows the stream
+            block.stream_changed_between = True
+            block.loop_findings.append(f"block {transition.index} gets {transition.from_outputs} = an earlier "
+                                       "block's output (a skip inside the loop), which a cached block list would "
+                                       "not hand on")
+            changed = [a for a in changed if a not in transition.from_outputs]
         if changed:
+            block.per_block_arguments += [a for a in changed if a not in block.per_block_arguments]
             block.loop_findings.append(f"block {transition.index} gets different {changed} than block 0: "
                                        "per-block arguments are not supported by the cached block list")
     block.loop_findings = list(dict.fromkeys(block.loop_findings))[:6]

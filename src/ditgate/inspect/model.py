@@ -56,6 +56,8 @@ class BlockList:
     check_forward_pattern: bool | None = None
     patch_functor_needed: bool = False
     loop_findings: list[str] = field(default_factory=list)
+    per_block_arguments: list[str] = field(default_factory=list)  # arguments the loop gives each block its own of
+    stream_changed_between: bool = False  # the loop changes the hidden stream between two block calls
 
 
 @dataclass

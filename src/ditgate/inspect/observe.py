@@ -133,6 +133,7 @@ class Transition:
     index: int  # the receiving block (i + 1)
     flows: dict[int, tuple[str, str]]
     changed_args: list[str]  # arguments other than the flowing ones that differ from block 0's
+    from_outputs: list[str] = field(default_factory=list)  # changed arguments that are an earlier block's output
 
 
 @dataclass
@@ -145,6 +146,7 @@ class ListRecord:
     first_outputs: Any = None  # block 0's raw return value
     transitions: list[Transition] = field(default_factory=list)
     _previous: tuple | None = None
+    _outputs: list = field(default_factory=list)  # every tensor the list's blocks returned (first call)
 
 
 @dataclass
@@ -315,6 +317,7 @@ class Probe(HookedRecorder):
             if list_record.first_outputs is None:
                 list_record.first_outputs = output
             list_record._previous = as_outputs(output)
+            list_record._outputs += [t for t in list_record._previous or () if isinstance(t, torch.Tensor)]
 
         return pre, post
 
@@ -325,7 +328,10 @@ class Probe(HookedRecorder):
         first = list_record.first_call.bound
         changed = [param for param, argument in call.bound.items()
                    if param not in flowing and (param not in first or same_value(first[param], argument) is None)]
-        return Transition(index, flows, changed)
+        earlier = {t.data_ptr() for t in list_record._outputs if t.numel()}
+        from_outputs = [p for p in changed if isinstance(call.bound[p], torch.Tensor) and call.bound[p].numel()
+                        and call.bound[p].data_ptr() in earlier]
+        return Transition(index, flows, changed, from_outputs)
 
     def _attention_hooks(self, record: TransformerRecord, group: str, module):
         def pre(mod, args, kwargs):

@@ -97,7 +97,44 @@ class RoutedAttention:
 def route_attention(modules, reorder_mask=True, text_first=False, local=False):
     for attn in modules:
         if not isinstance(attn.processor, RoutedAttention):
-            attn.set_processor(RoutedAttention(attn.processor, reorder_mask, text_first, local))
+            routed = RoutedAttention(attn.processor, reorder_mask, text_first, local)
+            if hasattr(attn, "set_processor"):
+                attn.set_processor(routed)
+            else:  # an attention class of its own without the setter (Mochi's)
+                attn.processor = routed
+
+
+class HeadTables:
+    """The model's attention processor under TP, the tables it receives with one row per head ([..., heads, dim]:
+    RoPE frequencies learned per head) cut to this rank's heads, as its sharded q/k/v are."""
+
+    def __init__(self, inner, heads, rank, world, names):
+        self.inner, self.heads, self.rank, self.world, self.names = inner, heads, rank, world, names
+
+        def call(attn, *args, **kwargs):
+            return type(self).__call__(self, attn, *args, **kwargs)
+
+        call.__signature__ = inspect.signature(inner.__call__)
+        self.__call__ = call
+
+    def __call__(self, attn, *args, **kwargs):
+        share = self.heads // self.world
+
+        def cut(x):
+            if torch.is_tensor(x) and x.ndim >= 3 and x.shape[-2] == self.heads:
+                return x.narrow(-2, self.rank * share, share)
+            return type(x)(cut(v) for v in x) if isinstance(x, (tuple, list)) else x
+
+        kwargs = {k: cut(v) if k in self.names else v for k, v in kwargs.items()}
+        return self.inner(attn, *args, **kwargs)
+
+
+def cut_head_tables(attn, heads, tp_mesh, names):
+    processor = HeadTables(attn.processor, heads, tp_mesh.get_local_rank(), tp_mesh.size(), names)
+    if hasattr(attn, "set_processor"):
+        attn.set_processor(processor)
+    else:
+        attn.processor = processor
 
 
 class GatheredRouting:
@@ -130,4 +167,86 @@ def gather_routing(transformer, modules):
     for module in modules:
         if not isinstance(module.forward, GatheredRouting):
             module.forward = GatheredRouting(transformer, module)
+'''
+
+
+FUNCTOR = '''
+# -- a patch functor written by `ditgate scaffold` (used by block_adapter) ----------------------------------------
+def _signature(block):
+    """The parameters of the block class's own forward (hooks may have wrapped the instance's)."""
+    return inspect.signature(type(block).forward.__get__(block))
+
+
+class _Recorder(torch.nn.Module):
+    """Stands in for one block while the forward runs to record what the loop hands each block: keeps the
+    arguments it is given and returns its stream inputs unchanged, in the order the block returns them."""
+
+    def __init__(self, signature, kept, returns):
+        super().__init__()
+        self.signature, self.kept, self.returns = signature, kept, returns
+
+    def forward(self, *args, **kwargs):
+        bound = self.signature.bind(*args, **kwargs).arguments
+        self.kept.append(bound)
+        out = tuple(bound[name] for name in self.returns)
+        return out if len(out) > 1 else out[0]
+
+
+class PerBlockArguments(cache_dit.PatchFunctor):
+    """The loop hands each block of a list its own value of some arguments (`lists`: {list: (their names, the
+    stream inputs the block returns, in order)}); cache-dit's cached block list calls every block with the values
+    the loop computed for the first. On each call of the transformer this functor first runs its forward with
+    stand-in blocks that only record what the loop hands each block (no block runs), then runs it for real, each
+    block given the values recorded for it. Right while those values do not depend on what the blocks return (they
+    were observed to differ from block to block, not to follow the stream); the cache row's caching-off check
+    tells."""
+
+    def __init__(self, lists):
+        self.lists = lists
+
+    @classmethod
+    def is_from_diffusers(cls, transformer):
+        return True  # written for this model, wherever its class is defined
+
+    def _apply(self, transformer, **kwargs):
+        if getattr(transformer, "_is_patched", False):
+            return transformer
+        recorded = {name: [] for name in self.lists}
+        originals = {name: getattr(transformer, name) for name in self.lists}  # cache-dit swaps them during calls
+        for name, (arguments, _) in self.lists.items():
+            for index, block in enumerate(originals[name]):
+                block.forward = self._own(block, recorded[name], index, arguments)
+        forward = transformer.forward
+
+        @functools.wraps(forward)
+        def patched(*args, **kwargs):
+            saved = {name: getattr(transformer, name) for name in self.lists}
+            for name, (_, returns) in self.lists.items():
+                recorded[name].clear()
+                signature = _signature(originals[name][0])
+                setattr(transformer, name, torch.nn.ModuleList(
+                    _Recorder(signature, recorded[name], returns) for _ in range(len(originals[name]))))
+            try:
+                forward(*args, **kwargs)
+            finally:
+                for name, blocks in saved.items():
+                    setattr(transformer, name, blocks)
+            return forward(*args, **kwargs)
+
+        transformer.forward = patched
+        transformer._is_patched = True
+        return transformer
+
+    @staticmethod
+    def _own(block, recorded, index, arguments):
+        signature, forward = _signature(block), block.forward
+
+        @functools.wraps(forward)
+        def own(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            if index < len(recorded):
+                bound.arguments.update({n: recorded[index][n] for n in arguments if n in recorded[index]})
+            return forward(*bound.args, **bound.kwargs)
+
+        return own
 '''

@@ -15,7 +15,7 @@ from typing import Any
 
 from ditgate.core.errors import DitgateError
 from ditgate.scaffold.cp import _blocks_expr, _cp
-from ditgate.scaffold.runtime import HELPERS
+from ditgate.scaffold.runtime import FUNCTOR, HELPERS
 
 @dataclass
 class Observed:
@@ -53,7 +53,7 @@ def observe(model) -> Observed:
                         seen.child_inputs[key] = [list(a.shape) for a in (*args, *kwargs.values())
                                                   if isinstance(a, torch.Tensor)]
                 handles.append(child.register_forward_pre_hook(child_pre, with_kwargs=True))
-            _processors(module, seen.processors)
+            _processors(module, seen.processors, handles)
 
     try:
         seen.anatomy = inspect_model(model, on_load=hook_all)
@@ -63,10 +63,14 @@ def observe(model) -> Observed:
     return seen
 
 
-def _processors(transformer, out: dict[str, dict[str, Any]]) -> None:
+def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> None:
     """Per attention group (`list.*.path`): whether its processor carries a CP config attribute, whether its code calls
-    `dispatch_attention_fn` (so the call can be routed), and the int attributes TP must divide (heads, inner widths)."""
+    `dispatch_attention_fn` (so the call can be routed), the int attributes TP must divide (heads, inner widths), and
+    (filled on the call) the keyword tables it receives with one row per head (`head_tables`: Mochi's RoPE, learned
+    per head, [tokens, heads, dim])."""
     import sys
+
+    import torch
 
     from ditgate.inspect.observe import block_lists, is_attention_module
 
@@ -84,11 +88,19 @@ def _processors(transformer, out: dict[str, dict[str, Any]]) -> None:
                 code = pyinspect.getsource(type(processor).__call__) if processor is not None else ""
             except (OSError, TypeError):
                 code = ""
-            out[f"{attribute}.*.{path}"] = {
+            group = out[f"{attribute}.*.{path}"] = {
                 "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
                                  for n in ("_parallel_config", "_cp_config")),
                 "routable": "dispatch_attention_fn" in namespace or "scaled_dot_product_attention" in code,
-                "divide": divide}
+                "divide": divide, "head_tables": [], "heads": heads}
+
+            def tables(mod, args, kwargs, group=group, heads=heads):
+                for name, value in kwargs.items():
+                    leaves = value if isinstance(value, (tuple, list)) else [value]
+                    if heads and heads > 1 and name not in group["head_tables"] and any(
+                            isinstance(x, torch.Tensor) and x.ndim >= 3 and x.shape[-2] == heads for x in leaves):
+                        group["head_tables"].append(name)
+            handles.append(module.register_forward_pre_hook(tables, with_kwargs=True))
 
 
 def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], chains: list[tuple[str, str]] = (),
@@ -160,24 +172,56 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
             f"CP_SPLIT_DIMS = {{{body}}}"]
 
 
-def _adapter(a, by_t: dict[str, list], alike: list[str]) -> tuple[list[str], list[str]]:
+def _functor(lists: list) -> tuple[str | None, list[str]]:
+    """The PatchFunctor the block loop needs, from what it was seen doing between block calls: per-block arguments
+    (each block handed its own value, not the previous block's output) are recorded per call and handed back to
+    each block (`PerBlockArguments`); a stream the loop changes between blocks, or a module it calls there, is
+    named NOT HANDLED (the fix is the model's own loop moved into a functor by hand)."""
+    entries, notes = [], []
+    for b in lists:
+        if b.stream_changed_between or any("also calls" in f for f in b.loop_findings):
+            notes.append(f"NOT HANDLED: `{b.attribute}`: {'; '.join(b.loop_findings)}; write a PatchFunctor that "
+                         "moves that work into the blocks (cache-dit's HunyuanDiT and ControlNet functors do)")
+            continue
+        if not b.per_block_arguments:
+            if b.patch_functor_needed:
+                notes.append(f"NOT HANDLED: `{b.attribute}` needs a PatchFunctor the scaffold does not write: "
+                             f"{'; '.join(b.loop_findings) or b.pattern_reason}")
+            continue
+        positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
+        names = {"hidden_states": positional[0] if positional else None, "encoder_hidden_states": b.encoder_param}
+        returns = [names.get(role) for role in b.outputs or []]
+        if None in returns:
+            notes.append(f"NOT HANDLED: `{b.attribute}` gets per-block {b.per_block_arguments}, and what it returns "
+                         f"({b.outputs}) does not map onto its inputs")
+            continue
+        entries.append(f'"{b.attribute}": ({b.per_block_arguments!r}, {returns!r})')
+        notes.append(f"`{b.attribute}`: block 1 was handed other {b.per_block_arguments} than block 0 (observed), "
+                     "while its stream inputs are the previous block's outputs; cache-dit's cached block list "
+                     "would hand every block the first one's: PerBlockArguments records each block's own per call "
+                     "and hands it back; without it the cache row's caching-off check departs from the baseline")
+    return ("PerBlockArguments({" + ", ".join(entries) + "})" if entries else None), notes
+
+
+def _adapter(a, by_t: dict[str, list], alike: list[str], functor: str | None = None,
+             functor_notes: list[str] = ()) -> tuple[list[str], list[str]]:
     """`block_adapter` over every transformer whose block lists all have a ForwardPattern (cache-dit enables cache
     and parallelism on the transformers its adapter names, so one left out runs uncached and whole on every rank),
     and the guard the CP/TP plans start with where a transformer is not of the first one's class and layout."""
     from ditgate.inspect.model import serves
 
     first = next(iter(by_t))
-    adapted = [t for t in by_t if all(b.pattern for b in by_t[t])]
+    adapted = list(by_t)  # every transformer with a block list a ForwardPattern fits
     cache = ["def block_adapter(pipe):"]
     for t in by_t:
-        cache.append(f"    # {serves(a, t)}" + ("" if t in adapted else " -- NOT HANDLED: no ForwardPattern fits "
-                     f"{[b.attribute for b in by_t[t] if not b.pattern]}, so it is left out of the adapter"))
+        cache.append(f"    # {serves(a, t)}")
         for b in by_t[t]:
             cache.append(f"    #   `{t}.{b.attribute}`: {b.length} x {b.block_class}, returns {b.outputs} -> "
                          f"{b.pattern} ({b.pattern_reason})")
     silent = [t for t, n in a.transformer_calls.items() if n and t not in by_t]
     if silent:
-        cache.append(f"    # NOT HANDLED: {silent} called, with no block list observed: left out of the adapter")
+        cache.append(f"    # NOT HANDLED: {silent} called, with no block list a ForwardPattern fits observed: left out "
+                     "of the adapter")
     if len(adapted) > 1:
         cache.append(f"    # every transformer the pipeline calls is adapted: one left out would run uncached and, "
                      "under CP/TP, whole on every rank (the cache, cp and tp rows name it)")
@@ -188,6 +232,7 @@ def _adapter(a, by_t: dict[str, list], alike: list[str]) -> tuple[list[str], lis
     if unchecked:
         cache.append(f"    # cache-dit's static check of the block parameter names fails for {unchecked} (the pattern "
                      "was observed from what the blocks do): check_forward_pattern=False")
+    cache += [f"    # {n}" for n in functor_notes]
     listed = lambda items: "[" + ", ".join(items) + "]"  # noqa: E731
     per_t = lambda f: [[f(b) for b in by_t[t]] for t in adapted]  # noqa: E731  one list per transformer
     blocks, patterns = per_t(lambda b: f"pipe.{b.transformer}.{b.attribute}"), \
@@ -200,7 +245,8 @@ def _adapter(a, by_t: dict[str, list], alike: list[str]) -> tuple[list[str], lis
     cache += [f"    return cache_dit.BlockAdapter(pipe=pipe, transformer={listed([modules]) if len(adapted) > 1 else modules},",
               f"                                  blocks={blocks},",
               f"                                  forward_pattern={patterns}, has_separate_cfg={a.has_separate_cfg}"
-              + (", check_forward_pattern=False" if unchecked else "") + ")", "", ""]
+              + (", check_forward_pattern=False" if unchecked else "")
+              + (f",\n                                  patch_functor={functor}" if functor else "") + ")", "", ""]
     guard = []
     if len(by_t) > 1:
         cls = next((c.cls for c in a.components.get("transformers", []) if c.name == first), None)
@@ -225,14 +271,16 @@ def plugin_source(observed: Observed) -> str:
     by_t: dict[str, list] = {}
     for b in called:
         by_t.setdefault(b.transformer, []).append(b)
+    left = [b for b in called if not b.pattern]  # no ForwardPattern fits what their blocks return
+    by_t = {t: [b for b in ls if b.pattern] for t, ls in by_t.items()}
+    if not next(iter(by_t.values())):
+        raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {[b.attribute for b in left]} (what they "
+                           "return needs a PatchFunctor that adapts it, which the scaffold does not write)")
+    by_t = {t: ls for t, ls in by_t.items() if ls}
     transformer, lists = next(iter(by_t.items()))
-    unpatterned = [b.attribute for b in lists if not b.pattern]
-    if unpatterned:
-        raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {unpatterned} (work between the block "
-                           "calls needs a PatchFunctor, which the scaffold does not write yet)")
     head = [f'"""Integration of {a.pipeline.cls} written by `ditgate scaffold {a.model}` from one observed call.',
             "", "Every choice below names the observation it rests on. Review it against the model's source.", '"""',
-            "", "import inspect", "import sys", "", "import cache_dit", "import torch", "import torch.distributed as dist",
+            "", "import functools", "import inspect", "import sys", "", "import cache_dit", "import torch", "import torch.distributed as dist",
             "from cache_dit.attention import _dispatch_attention_fn",
             "from cache_dit.distributed.core import _ContextParallelInput, _ContextParallelOutput",
             "from cache_dit.distributed.utils import shard_div_attr",
@@ -242,7 +290,10 @@ def plugin_source(observed: Observed) -> str:
     classes = {c.name: c.cls for c in a.components.get("transformers", [])}
     shapes = {t: [(b.attribute, b.block_class) for b in ls] for t, ls in by_t.items()}
     alike = [t for t in by_t if classes.get(t) == classes.get(transformer) and shapes[t] == shapes[transformer]]
-    cache, guard = _adapter(a, by_t, alike)
+    functor, functor_notes = _functor(lists)
+    functor_notes += [f"NOT HANDLED: `{b.transformer}.{b.attribute}` ({b.length} x {b.block_class}) left out of the "
+                      f"adapter, uncached: {b.pattern_reason}" for b in left]
+    cache, guard = _adapter(a, by_t, alike, functor, functor_notes)
     entries, notes, code = _cp(observed, transformer, lists[0])
     switches = _split_dims(a, transformer, lists)
     if any("REORDER_MASK" in c for c in code):
@@ -278,10 +329,17 @@ def plugin_source(observed: Observed) -> str:
         for b in listed:
             tp += [f"    for block in {_blocks_expr(b.attribute, span_text.rstrip(']'), b.length)}:"]
             for p in attn:
-                divide = observed.processors.get(f"{b.attribute}.*.{p}", {}).get("divide") or ["heads"]
+                group = observed.processors.get(f"{b.attribute}.*.{p}", {})
+                if group.get("head_tables"):
+                    tp += [f"        # `{p}` receives {group['head_tables']} with one row per head (observed "
+                           f"[..., {group['heads']}, dim]): cut to this rank's heads; left whole, tp-2 fails",
+                           f"        cut_head_tables(block.{p}, {group['heads']}, tp_mesh, "
+                           f"{tuple(group['head_tables'])!r})"]
+                divide = group.get("divide") or ["heads"]
                 tp += [f"        shard_div_attr(block.{p}, \"{n}\", tp)" for n in divide]
             tp += ["        parallelize_module(block, tp_mesh, plan)"]
         tp.append("    plans.append(plan)")
     tp += ["    return plans", ""]
-    helpers = [HELPERS.strip("\n"), "", ""] if code else []
+    helpers = ([HELPERS.strip("\n"), "", ""] if code or any("cut_head_tables(" in line for line in tp) else []) \
+        + ([FUNCTOR.strip("\n"), "", ""] if functor else [])
     return "\n".join(head + switches + ([""] if switches else []) + helpers + cache + cp + tp)

@@ -21,7 +21,7 @@ from ditgate.twin.meta import TRANSFORMERS, TwinError, count, is_int, on_meta, o
 from ditgate.twin.source import WEIGHT_SUFFIXES, Component, Source
 from ditgate.twin.summary import Twin
 
-FORMAT = 3  # bump when what a twin holds changes: cached twins are then built again
+FORMAT = 4  # bump when what a twin holds changes: cached twins are then built again
 MAX_TWIN_PARAMS = 20 * 10**9  # 80 GB of float32: more than a twin of any released model holds
 
 
@@ -30,11 +30,14 @@ def assemble(source: Source, staging: Path, final: Path, *, seed: int, log: Call
     """Fill `staging` with the twin of `source` (its index naming `final`, where it will be renamed to); `call`
     and `frames` are call arguments the user fixed (the rest is chosen)."""
     start = time.monotonic()
-    needs = text.needs(source, text.call_defaults(source))
+    defaults = text.call_defaults(source)
+    needs = text.needs(source, defaults)
     encoders = text.encoders(source)
     stand_ins, rewrites, vocab = _tokenizers(source, staging, log)
     summaries, depths, total = [], [], 0
-    for name, component in source.components.items():
+    # text encoders first: a denoiser config may index their layers (cut.plan's encoder_depths); index order kept
+    order = sorted(source.components.items(), key=lambda item: item[0] not in encoders)
+    for name, component in order:
         summary: dict[str, Any] = {"name": name, "class": component.class_name}
         if component.kind == "none":
             summary.update(action="absent", why="the index names no class")
@@ -52,13 +55,16 @@ def assemble(source: Source, staging: Path, final: Path, *, seed: int, log: Call
                 raise TwinError(f"the twin would hold over {MAX_TWIN_PARAMS:.0e} parameters by {name}: its widths "
                                 "are beyond any real model (a config that lies?)")
         summaries.append(summary)
+    summaries.sort(key=lambda s: list(source.components).index(s["name"]))
+    depths = [after for _, after in depths]
     _write_index(source, staging, staging, rewrites)  # the checks below load the staging folder
     _copy_root(source, staging)
     layer_args = text.rewrite_layer_args(needs.layer_args, min(depths)) if needs.layer_args and depths else {}
     notes = [f"call argument {k} rewritten {needs.layer_args[k]} -> {v} for the twin's {min(depths)}-layer text "
              "encoder" for k, v in layer_args.items()]
     given = dict(call or {})
-    base = call_mod.base_call(dict(source.meta.get("call") or {}), layer_args, given)
+    base = call_mod.base_call(dict(source.meta.get("call") or {}), layer_args, given,
+                              negative="negative_prompt" in defaults)
     if "prompt" not in given and not call_mod.takes(source.pipeline_cls, "prompt"):
         base.pop("prompt", None)  # a class-conditioned pipeline (DiTPipeline takes class_labels)
     (staging / "ditgate.json").write_text(json.dumps({"call": base, "vae_tiling": {}}, indent=2) + "\n")
@@ -95,8 +101,10 @@ def _tokenizers(source: Source, staging: Path, log):
                      if source.components[m].library is TRANSFORMERS and source.components[m].folder is not None]
         tok = text.stand_in(component, positions=min((n for n in positions if is_int(n) and n > 0), default=None))
         text.save_stand_in(tok, staging / name)
-        note = f"no tokenizer files: an offline {type(tok).__name__} stand-in of {len(tok)} tokens"
+        note = f"no tokenizer files: an offline {type(tok).__name__} stand-in of {len(text.tokenizer_of(tok))} tokens"
         try:
+            if component.missing:
+                raise ImportError(f"its class needs {', '.join(component.missing)}, not installed")
             component.cls.from_pretrained(str(staging / name))
         except Exception as exc:  # noqa: BLE001 - the index's class cannot read the stand-in: name the stand-in's
             rewrites[name] = type(tok).__name__
@@ -135,7 +143,8 @@ def _model(component: Component, out: Path, seed: int, tok, needs: text.Needs, i
         log(f"{component.name}: finding its block lists ({component.class_name})")
         plan = cut_mod.plan(component.cls, component.library, config, what,
                             min_layers=needs.layers if is_encoder else 1, need_reason=needs.reason,
-                            denoiser=component.name.startswith("transformer"))
+                            denoiser=component.name.startswith("transformer"), encoder_depths=list(depths),
+                            text=is_encoder)
         config = plan.config
         summary.update(cuts=[c.to_dict() for c in plan.cuts], params_source=plan.params_source,
                        changes={k: list(v) for k, v in plan.changes.items()}, whole_lists=plan.whole)
@@ -145,7 +154,7 @@ def _model(component: Component, out: Path, seed: int, tok, needs: text.Needs, i
             summary.update(action="whole", why="; ".join(f"{p}: {w}" for p, w in plan.whole.items())
                            or "no block lists")
         if is_encoder:
-            main = [c.after for c in plan.cuts if not any(p in c.key for p in ("vision", "visual"))]
+            main = [(c.before, c.after) for c in plan.cuts if not any(p in c.key for p in ("vision", "visual"))]
             depths.extend(main[:1])
     log(f"{component.name}: building and saving")
     built = weights.build(component, config, seed, out)

@@ -99,6 +99,9 @@ def describe(kinds: Sequence[Hashable], keep: Sequence[int], mode: str) -> str:
     distinct, n = len(set(kinds)), len(kinds)
     if distinct == 1:
         return f"{n} blocks of one kind"
+    if mode == "first":
+        return (f"{distinct} kinds in {n} blocks: a text encoder keeps its first {len(keep)} (the pipeline reads its "
+                "output, not each kind)")
     if mode in ("moved", "selected"):
         return f"{distinct} kinds in {n} blocks: the first block of each"
     p = period(kinds)

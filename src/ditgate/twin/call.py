@@ -5,9 +5,11 @@ checks that it does.
   the first block of the first transformer called) split evenly over 2, 4 and 8 ranks (CP), found by calls cut
   short after the first transformer forward (`ditgate.twin.probe`).
 - Steps: 4 (fewer when the source's call has fewer), more when a transformer of the pipeline (Wan 2.2's
-  `transformer_2`) is not called in 4.
-- Text: `max_sequence_length`, where the call takes one, a multiple of 16 at least twice the prompt's tokens (so
-  the prompt leaves padding) and at most the pipeline's default; the prompt is the source call's or a short one.
+  `transformer_2`) takes fewer than 3 of them (`CACHE_STEPS`: a cache row's warm-up then covers its steps).
+- Guidance: a negative prompt where the call takes one (`NEGATIVE_PROMPT`).
+- Text: `max_sequence_length`, where the call takes one, a multiple of 16 holding what the text encoders see (a
+  chat template's system message too, counted by their attention masks) plus the prompt's tokens again (so the
+  prompt leaves padding), at most the pipeline's default; the prompt is the source call's or a short one.
 - VAE tiling: arguments of `vae.enable_tiling` (or, for a VAE whose tile is its config's `sample_size`, that
   config key) with which the VAE decodes the call's latents in at least two tiles, counted by decoder calls.
 - Input dependence: two seeds give two different first transformer outputs (a twin whose transformer output is
@@ -27,10 +29,19 @@ from ditgate.twin import probe
 from ditgate.twin.meta import TwinError, one_line, read_json
 
 PROMPT = "a tiny red cube on a table"
+# Set where the call takes a negative prompt: a pipeline whose guidance needs one (Qwen-Image's true_cfg_scale) then
+# calls its transformer twice per step, as in use and as cache-dit's adapter for it assumes (has_separate_cfg); with
+# one call per step cache-dit counts half the steps and its warm-up covers all of them.
+NEGATIVE_PROMPT = "blurry"
 CP_RANKS = 8  # the token count divides by 8, so by 2 and 4 too
 SIZES = (64, 128, 96, 192, 256)
 FRAMES = (5, 9, 13, 17, 8, 16, 4)  # 4k+1 first: what causal video VAEs take without rounding
 STEPS = 4
+# Steps each transformer must take for a run's default cache row to act: it computes 2 warm-up steps
+# (`run.define.rows.DEFAULT_CACHE`), then caches every other step; a second transformer (Wan 2.2's, after its
+# boundary step) counts its own steps, so a pipeline of two gets more steps until each takes 3.
+CACHE_STEPS = 3
+MORE_STEPS = (6, 8, 12, 16)
 _SIZED = ("height", "width", "num_inference_steps", "max_sequence_length")  # frames stay: a hint
 
 
@@ -47,12 +58,16 @@ class Choice:
     vae_config: dict[str, Any] = field(default_factory=dict)  # VAE config keys set for its tiles
 
 
-def base_call(source_call: dict[str, Any], layer_args: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """The source's call without its sizes, its layer arguments rewritten for the twin, a prompt; then the call
-    arguments the user gave (`given`), which the search leaves as they are."""
+def base_call(source_call: dict[str, Any], layer_args: dict[str, Any], given: dict[str, Any],
+              negative: bool = False) -> dict[str, Any]:
+    """The source's call without its sizes, its layer arguments rewritten for the twin, a prompt (and a negative
+    prompt where the call takes one: `negative`); then the call arguments the user gave (`given`), which the search
+    leaves as they are."""
     call = {k: v for k, v in source_call.items() if k not in _SIZED}
     call.update(layer_args)
     call.setdefault("prompt", PROMPT)
+    if negative:
+        call.setdefault("negative_prompt", NEGATIVE_PROMPT)
     steps = source_call.get("num_inference_steps")
     call["num_inference_steps"] = min(STEPS, steps) if isinstance(steps, int) and steps > 0 else STEPS
     call.update(given)
@@ -79,13 +94,14 @@ def choose(folder: Path, call: dict[str, Any], *, pipeline: str | None, trust_re
     params = _params(pipe, call)
     choice = Choice(call=dict(call))
     if "max_sequence_length" in params and "max_sequence_length" not in given:
-        _max_sequence_length(pipe, choice, params["max_sequence_length"])
+        _max_sequence_length(folder, pipe, choice, params["max_sequence_length"], pipeline, trust_remote_code)
     _size(folder, pipe, choice, params, pipeline, trust_remote_code, log, given, frames)
     req = _request(folder, choice, pipeline, trust_remote_code)
     log(f"whole call: {_describe(choice.call)}")
     whole, latents = _whole(pipe, req)
-    for steps in (6, 8):
-        if all(whole.calls.values()) or "num_inference_steps" in given or choice.call["num_inference_steps"] >= steps:
+    for steps in MORE_STEPS:
+        if _enough(whole.calls, choice.call["num_inference_steps"]) or "num_inference_steps" in given \
+                or choice.call["num_inference_steps"] >= steps:
             break
         choice.call["num_inference_steps"] = steps
         req = _request(folder, choice, pipeline, trust_remote_code)
@@ -94,11 +110,20 @@ def choose(folder: Path, call: dict[str, Any], *, pipeline: str | None, trust_re
     idle = [name for name, n in whole.calls.items() if n == 0]
     if idle:
         choice.notes.append(f"{', '.join(idle)} not called in {choice.call['num_inference_steps']} steps")
+    elif not _enough(whole.calls, choice.call["num_inference_steps"]):
+        choice.notes.append(f"a transformer takes fewer than {CACHE_STEPS} of the {choice.call['num_inference_steps']}"
+                            " steps: a cache's warm-up covers all of its steps, and a cache row cannot act on it")
     choice.modality = probe.modality(pipe, whole.result)
     _check_input_dependence(pipe, req, choice)
     if latents is not None and getattr(pipe, "vae", None) is not None:
         _tiling(folder, pipe, latents, choice, log)
     return choice
+
+
+def _enough(calls: dict[str, int], steps: int) -> bool:
+    """Whether every transformer takes CACHE_STEPS steps of its own (its calls over the calls per step)."""
+    per_step = sum(calls.values()) / max(steps, 1)
+    return bool(calls) and per_step > 0 and all(n / per_step >= min(CACHE_STEPS, steps) for n in calls.values())
 
 
 def _params(pipe, call) -> dict[str, Any]:
@@ -118,9 +143,23 @@ def _prompt_tokens(pipe, prompt: str) -> int:
     return max(counts)
 
 
-def _max_sequence_length(pipe, choice: Choice, default: Any) -> None:
+def _max_sequence_length(folder: Path, pipe, choice: Choice, default: Any, pipeline, trust_remote_code) -> None:
+    """A multiple of 16 that holds what the text encoders see of the call (a system message included, counted by
+    their attention masks at the default length) plus the prompt's tokens again, so the prompt leaves padding; at
+    least 32 and at most the pipeline's default."""
     tokens = _prompt_tokens(pipe, str(choice.call.get("prompt", PROMPT)))
-    length = max(32, -(-2 * tokens // 16) * 16)
+    seen = None
+    if isinstance(default, int) and not isinstance(default, bool) and default > 0:
+        params = _params(pipe, choice.call)
+        small = {k: SIZES[0] for k in ("height", "width") if k in params}
+        if _frame_key(params):
+            small[_frame_key(params)] = FRAMES[0]
+        trial = Choice(call={**small, **choice.call, "max_sequence_length": default})  # small: only text is read
+        try:
+            seen = probe.text_tokens(pipe, _request(folder, trial, pipeline, trust_remote_code))
+        except Exception:  # noqa: BLE001 - the size search below says what fails; the prompt's count stands
+            seen = None
+    length = max(32, -(-(max(seen or 0, tokens) + tokens) // 16) * 16)
     if isinstance(default, int) and not isinstance(default, bool) and default > 0:
         length = min(length, default)
     choice.call["max_sequence_length"] = length

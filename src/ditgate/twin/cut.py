@@ -61,36 +61,99 @@ class _Group:
 
 
 def plan(cls, library: Library, config: dict[str, Any], what: str, *, min_layers: int = 1,
-         need_reason: str = "", denoiser: bool = False) -> Plan:
+         need_reason: str = "", denoiser: bool = False, encoder_depths: list[tuple[int, int]] | None = None,
+         text: bool = False) -> Plan:
     """The cut of the component `cls(config)`; `min_layers` is the fewest blocks a text model's main list keeps
-    (hidden-state indices the pipeline reads, `need_reason` says which). A `denoiser` with a single block list keeps
-    two blocks of it: a cache computes the first block (`Fn_compute_blocks=1`) and must have one behind it to skip
-    (only lists a config key counts are block lists here: a feed-forward's `net` in an embedder is not one)."""
+    (hidden-state indices the pipeline reads, `need_reason` says which). A `denoiser` keeps two blocks of one list:
+    a cache computes the first block of each list it caches (`Fn_compute_blocks=1`) and must have one behind it to
+    skip; of several lists, the top-level list whose block is smallest (only lists a config key counts are block
+    lists here: a feed-forward's `net` in an embedder is not one). A `text` encoder keeps its first `min_layers`
+    blocks of each text list (one or two layers: the pipeline reads its output, not each kind of block).
+    `encoder_depths`: (source, twin) layer counts of the pipeline's text encoders, for a denoiser config that
+    indexes their layers (`_encoder_layers`)."""
     source = on_meta(cls, library, config, what)
     config = full_config(source, library, config)
     lists = blocks_mod.block_lists(source)
     result = Plan(config=config, params_source=count(source))
-    groups, counted = _groups(cls, library, config, lists, what)
+    groups, counted, shared = _groups(cls, library, config, lists, what)
     for path in lists:
         if path not in counted:
             result.whole[path] = f"no config key sets its length ({len(lists[path])})"
     current, current_model = config, source
+    kept: dict[Path_, list[int]] = {}
+    blocks = counted - shared  # the block lists: those a config key counts, none shared between counts
+    top = [p for p in blocks if "." not in p]
+    cheapest = min(top, key=lambda p: count(lists[p][0])) if denoiser and len(blocks) > 1 and top else None
     for group in groups:
-        need = min_layers if not any(part in _NOT_TEXT for k in group.key for part in k.lower().split("_")) else 1
+        textual = not any(part in _NOT_TEXT for k in group.key for part in k.lower().split("_"))
+        need = min_layers if textual else 1
         why = need_reason
-        if denoiser and len(counted) == 1:
-            need, why = max(need, 2), "a cache computing the first block has the second to skip"
-        found = _cut_group(cls, library, current, current_model, source, group, need, what, why)
+        if denoiser and (len(blocks) == 1 or cheapest in group.lists):
+            need, why = max(need, 2), "a cache computing the first block of a list has the second to skip"
+        found = _cut_group(cls, library, current, current_model, source, group, need, what, why, shared,
+                           first=text and textual)
         if isinstance(found, str):
             for path in group.lists:
                 result.whole[path] = found
             continue
         current, current_model, cuts, changes = found
+        kept[group.key] = cuts[0].kept
         result.cuts.extend(cuts)
         result.changes.update(changes)
+    later = _spanning(config, groups, kept)
+    if denoiser:
+        own = {p for g in groups for p in _scope_keys(config, g.key, g.value)[1]}  # indices of its own blocks
+        later.update(_encoder_layers(config, later, own, encoder_depths or []))
+    if later:
+        current = with_values(current, later)
+        current_model = on_meta(cls, library, current, what)
+        result.changes.update({dotted(k): (get(config, k), v) for k, v in later.items()})
     result.config = current
     result.params_twin = count(current_model)
     return result
+
+
+def _spanning(config: dict[str, Any], groups: list[_Group], kept: dict[Path_, list[int]]) -> dict[Path_, Any]:
+    """A per-block list that runs over several cut block lists in turn (HiDream's `llama_layers`: one entry per
+    double-stream then single-stream block, 16 + 32): its length is the sum of their counts, in the order the
+    config names them; cut to each list's kept blocks."""
+    changes: dict[Path_, Any] = {}
+    for scope in {g.key[:-1] for g in groups}:
+        cut = [g for g in groups if g.key[:-1] == scope and g.key in kept]
+        if len(cut) < 2:
+            continue
+        total = sum(g.value for g in cut)
+        for path, value in flatten(config):
+            if path[:-1] != scope or not isinstance(value, list) or len(value) != total \
+                    or not any(h in path[-1].lower() for h in _LIST_HINTS):
+                continue
+            new, start = [], 0
+            for group in cut:
+                new += [value[start + i] for i in kept[group.key]]
+                start += group.value
+            changes[path] = new
+    return changes
+
+
+def _encoder_layers(config: dict[str, Any], cut: dict[Path_, Any], own: set[Path_],
+                    depths: list[tuple[int, int]]) -> dict[Path_, Any]:
+    """A denoiser config list of layer indices of a text encoder (HiDream's `llama_layers`: hidden states 0..31 of
+    the 32-layer Llama) would index past the twin's cut encoder: each index i of the encoder of D layers cut to d is
+    mapped to i * d // D (the same spread over fewer layers). Index lists of the denoiser's own blocks (`own`,
+    renumbered by the cuts) are left alone; the encoder is the shallowest one deep enough for the source's list
+    (`config`; `cut`: lists already cut to the kept blocks)."""
+    changes: dict[Path_, Any] = {}
+    for path, value in flatten(config):
+        if "layer" not in path[-1].lower() or path in own or not isinstance(value, list) or not value \
+                or not all(is_int(v) and v >= 0 for v in value):
+            continue
+        deep = sorted((before, after) for before, after in depths if before > max(value))
+        value = cut.get(path, value)
+        if not deep or max(value) < deep[0][1]:
+            continue
+        before, after = deep[0]
+        changes[path] = [v * after // before for v in value]
+    return changes
 
 
 def full_config(model, library: Library, given: dict[str, Any]) -> dict[str, Any]:
@@ -100,12 +163,14 @@ def full_config(model, library: Library, given: dict[str, Any]) -> dict[str, Any
     return {**given, **{k: v for k, v in dict(model.config).items() if not k.startswith("_")}}
 
 
-def _groups(cls, library, config, lists, what) -> tuple[list[_Group], set[str]]:
+def _groups(cls, library, config, lists, what) -> tuple[list[_Group], set[str], set[str]]:
     """Config keys that count block lists (found by building with each candidate key one higher, its per-layer
-    lists one longer)."""
+    lists one longer), the lists counted, and the shared ones: a list whose length is the sum of several counts
+    (HiDream's `caption_projection`, one per double- and single-stream block and one more) follows each cut and
+    belongs to no group."""
     lengths = {path: len(blocks) for path, blocks in lists.items()}
     candidates = [(path, value) for path, value in flatten(config) if is_int(value) and value in lengths.values()]
-    groups, counted = [], set()
+    found = []
     for key, value in candidates:
         bump: dict[Path_, Any] = {key: value + 1}
         for path in _scope_keys(config, key, value)[0]:
@@ -117,13 +182,23 @@ def _groups(cls, library, config, lists, what) -> tuple[list[_Group], set[str]]:
             continue
         moved = {}
         for path, blocks in blocks_mod.block_lists(probe).items():
-            if path in lengths and path not in counted and len(blocks) > lengths[path]:
+            if path in lengths and len(blocks) > lengths[path]:
                 factor = len(blocks) - lengths[path]
                 moved[path] = (factor, lengths[path] - factor * value)
         if moved:
-            groups.append(_Group(key, value, moved))
-            counted.update(moved)
-    return groups, counted
+            found.append(_Group(key, value, moved))
+    owners: dict[str, list[_Group]] = {}
+    for group in found:
+        for path in group.lists:
+            owners.setdefault(path, []).append(group)
+    shared = {path for path, gs in owners.items() if len(gs) > 1 and all(g.lists[path][1] != 0 for g in gs)}
+    groups, counted = [], set(shared)
+    for group in found:
+        mine = {p: fo for p, fo in group.lists.items() if p not in counted}
+        if mine:
+            groups.append(_Group(group.key, group.value, mine))
+            counted.update(mine)
+    return groups, counted, shared
 
 
 def _scope_keys(config: dict[str, Any], key: Path_, n: int) -> tuple[list[Path_], list[Path_], list[Path_]]:
@@ -151,7 +226,8 @@ def _config_kinds(config: dict[str, Any], per_layer: list[Path_], index: list[Pa
     return [(tuple(repr(values[i]) for values in lists), tuple(i in m for m in members)) for i in range(n)]
 
 
-def _cut_group(cls, library, config, model, source, group: _Group, need: int, what: str, need_reason: str):
+def _cut_group(cls, library, config, model, source, group: _Group, need: int, what: str, need_reason: str,
+               shared: set[str] = frozenset(), first: bool = False):
     """(config, model, cuts, changes) of the first variant that rebuilds the kinds it should, or why none does.
 
     Variants, in order: the first block of each kind (boundary keys moved, then not); each leading run that holds
@@ -185,6 +261,8 @@ def _cut_group(cls, library, config, model, source, group: _Group, need: int, wh
         if len(keep) < n:
             variants += [(keep, "moved"), (keep, "selected")]
     start = max(1, need)
+    if first and direct:
+        variants.insert(0, (list(range(start)), "first"))
     variants += [(list(range(m)), "leading") for m in range(start, n) if set(kinds[:m]) == every or not direct]
     variants += [(list(range(m)), "any") for m in range(start, n)]
     if n == 1:
@@ -198,7 +276,7 @@ def _cut_group(cls, library, config, model, source, group: _Group, need: int, wh
             rebuilt = on_meta(cls, library, candidate, what)
         except TwinError:
             continue
-        kept = _check(rebuilt, model, group, keep, mode, sigs, skips, candidate, per_layer, index, kinds)
+        kept = _check(rebuilt, model, group, keep, mode, sigs, skips, candidate, per_layer, index, kinds, shared)
         if kept is None:
             continue
         why = blocks_mod.describe(kinds, kept, mode) + extended
@@ -226,13 +304,14 @@ def _changes(config, group: _Group, keep, per_layer, index, bounds, move_bounds:
     return changes
 
 
-def _check(rebuilt, model, group: _Group, keep, mode, sigs, skips, candidate, per_layer, index, kinds):
+def _check(rebuilt, model, group: _Group, keep, mode, sigs, skips, candidate, per_layer, index, kinds,
+           shared: set[str] = frozenset()):
     """The source indices the rebuilt blocks stand for, or None when the rebuilt model is not what `mode` asks: the
     kept blocks' kinds in order ("moved", "selected", "leading"), or only the source's kinds, every one ("any").
-    Every list outside the group must keep its length."""
+    Every list outside the group but the shared ones must keep its length."""
     new_lists = blocks_mod.block_lists(rebuilt)
     for path, blocks in blocks_mod.block_lists(model).items():
-        if path not in group.lists and len(new_lists.get(path, ())) != len(blocks):
+        if path not in group.lists and path not in shared and len(new_lists.get(path, ())) != len(blocks):
             return None
     paths = list(group.lists)
     if any(path not in new_lists for path in paths):

@@ -90,6 +90,36 @@ def call(pipe, req: request_mod.Request, seed: int = 0, short: bool = False) -> 
     return seen
 
 
+def text_tokens(pipe, req: request_mod.Request, seed: int = 0) -> int | None:
+    """The most tokens a text encoder's attention mask lets through on the call (a chat template's system message
+    included), read by a call stopped before the first transformer forward; None when no encoder took a mask."""
+    import torch
+
+    seen: dict[str, int] = {}
+
+    def encoder_hook(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+            seen["tokens"] = max(seen.get("tokens", 0), int(mask.sum(-1).max()))
+
+    def stop(module, args, kwargs):
+        raise _Stop()
+
+    comps = getattr(pipe, "components", {})
+    handles = [m.register_forward_pre_hook(encoder_hook, with_kwargs=True) for n, m in comps.items()
+               if "encoder" in n and isinstance(m, torch.nn.Module)]
+    handles += [t.register_forward_pre_hook(stop, with_kwargs=True) for t in transformers_of(pipe).values()]
+    try:
+        with _modular_logs_off(True):
+            invoke(pipe, req, seed)
+    except _Stop:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen.get("tokens")
+
+
 @contextlib.contextmanager
 def _modular_logs_off(short: bool):
     """A modular pipeline logs every exception raised in a block with its traceback before raising it again: the

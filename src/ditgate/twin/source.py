@@ -21,6 +21,7 @@ from ditgate.core import loader, modular
 from ditgate.core.examples import ensure_packages
 from ditgate.twin.meta import DIFFUSERS, TRANSFORMERS, Library, TwinError, read_json
 
+_TOKENIZER_CLASSES = ("Processor", "Tokenizer", "TokenizerFast")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".onnx", ".h5")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
                    "tokenizer.model", "merges.txt", "spm.model", "vocab.model", "sentencepiece.model")
@@ -34,9 +35,12 @@ class Component:
     kind: str = "none"  # "model" | "tokenizer" | "config" | "none"
     library: Library | None = None
     folder: Path | None = None  # its folder in the source (None when the index names no files for it)
+    missing: tuple[str, ...] = ()  # libraries its class needs that are not installed (a transformers placeholder)
 
     @property
     def class_name(self) -> str:
+        if self.missing and isinstance(self.entry, list) and len(self.entry) >= 2:
+            return str(self.entry[1])  # a placeholder class is named "Placeholder"
         return self.cls.__name__ if self.cls is not None else "None"
 
     @property
@@ -212,6 +216,11 @@ def _classify(component: Component) -> None:
     if not isinstance(cls, type):
         component.kind = "none" if cls is None else "config"
         return
+    if type(cls).__name__ == "DummyObject":  # transformers' placeholder for a class whose library is not installed
+        component.missing = tuple(getattr(cls, "_backends", ()) or ("a library",))
+        if component.class_name.endswith(_TOKENIZER_CLASSES):
+            component.kind = "tokenizer"  # a stand-in can take its place when it has no files
+            return
     if issubclass(cls, ModelMixin):
         component.kind, component.library = "model", DIFFUSERS
     elif issubclass(cls, PreTrainedModel):

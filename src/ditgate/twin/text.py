@@ -8,7 +8,7 @@ many encoder widths), and the summary says so.
 
 Tokenizers. A tokenizer with its files is copied and its vocabulary kept (TE-P shards it). Without them (a folder
 of configs only) a stand-in is built offline (`ditgate.zoo.tokenizers`: character-level CLIP, T5, byte-level Qwen2,
-Llama, Gemma, ByT5, BERT), its paired encoder's vocabulary is cut to match (rounded up to a multiple of 64 so any
+Llama, Gemma, ByT5, BERT; a chat processor for a processor), its paired encoder's vocabulary is cut to match (rounded up to a multiple of 64 so any
 rank count up to 64 divides it) and the encoder config's special token ids are moved into it.
 """
 
@@ -126,12 +126,17 @@ def _builders():
 def stand_in(component, positions: int | None = None) -> Any:
     """An offline tokenizer of the component's family (the byte-level Qwen2 one for any other BPE family). Its
     length limit: the tokenizer config's `model_max_length`; for CLIP and T5 stand-ins, else `positions` (the paired
-    encoder's position table, 77 for CLIP: pipelines pad a prompt to the tokenizer's limit), else 512."""
+    encoder's position table, 77 for CLIP: pipelines pad a prompt to the tokenizer's limit), else 512. A processor
+    (FLUX.2's PixtralProcessor) gets a chat processor (`ditgate.zoo.modular_builders.chat_processor`: byte-level
+    Qwen2 tokenizer, a text-only chat template, a PIL image processor): pipelines read a processor's text through
+    its `apply_chat_template`, and this one loads without torchvision, which Pixtral's own class needs."""
     from transformers import ProcessorMixin
 
-    if isinstance(component.cls, type) and issubclass(component.cls, ProcessorMixin):
-        raise TwinError(f"component {component.name} ({component.class_name}) has no tokenizer files and no offline "
-                        "stand-in exists for a processor: give the source folder its tokenizer files")
+    if component.class_name.endswith("Processor") or (isinstance(component.cls, type)
+                                                      and issubclass(component.cls, ProcessorMixin)):
+        from ditgate.zoo.modular_builders import chat_processor
+
+        return chat_processor()
     settings = {}
     if component.folder is not None and (component.folder / "tokenizer_config.json").is_file():
         settings = read_json(component.folder / "tokenizer_config.json", f"component {component.name}")
@@ -145,6 +150,11 @@ def stand_in(component, positions: int | None = None) -> Any:
                 tok.model_max_length = max_length
             return tok
     raise AssertionError("the last builder matches every family")
+
+
+def tokenizer_of(stand: Any) -> Any:
+    """The tokenizer of a stand-in (a processor holds one)."""
+    return getattr(stand, "tokenizer", stand)
 
 
 def paired(source, tokenizer: str) -> list[str]:
@@ -162,6 +172,7 @@ def paired(source, tokenizer: str) -> list[str]:
 def vocab_changes(config: dict[str, Any], tok) -> dict[Path_, Any]:
     """Config changes that fit a model to the stand-in `tok`: every `vocab_size` (rounded up to a multiple of 64),
     every special token id outside it moved to the stand-in's token of that role (or to the top of its range)."""
+    tok = tokenizer_of(tok)
     size = -(-len(tok) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     roles = {"pad": tok.pad_token_id, "eos": tok.eos_token_id, "bos": tok.bos_token_id, "unk": tok.unk_token_id,
              "decoder_start": tok.pad_token_id}

@@ -26,7 +26,9 @@ FLUX3_TEXT_LAYERS = (1, 2)  # hidden layers of the 2-layer text encoder stacked 
 FLUX3_TEXT_WIDTH = 32
 
 
-def _chat_processor():
+def chat_processor():
+    """A LlavaProcessor (byte-level Qwen2 tokenizer, text-only chat template, PIL image processor): loads without
+    torchvision, so it also stands in for a processor whose own class needs it (the twin's stand-ins)."""
     from transformers import LlavaProcessor
 
     try:
@@ -96,7 +98,7 @@ def build_flux3(seed: int = 0, distilled: bool = False):
         mid_block_add_attention=False))
     cls = diffusers.Flux3DistilledModularPipeline if distilled else diffusers.Flux3ModularPipeline
     pipe = cls()
-    components = dict(transformer=transformer, vae=vae, text_encoder=_qwen3_vl(seed + 1), tokenizer=_chat_processor(),
-                      prompt_upsampler=_qwen3_5(seed + 2), prompt_upsampler_processor=_chat_processor())
+    components = dict(transformer=transformer, vae=vae, text_encoder=_qwen3_vl(seed + 1), tokenizer=chat_processor(),
+                      prompt_upsampler=_qwen3_5(seed + 2), prompt_upsampler_processor=chat_processor())
     pipe.update_components(**{k: v for k, v in components.items() if k in pipe._component_specs})
     return pipe

@@ -6,7 +6,10 @@ Applied only in parallel workers on CPU, never on GPU, never elsewhere. Each pat
 1. ring attention asks for `aten::_scaled_dot_product_flash_attention` (for its log-sum-exp), which has no CPU kernel:
    register one that calls `_scaled_dot_product_flash_attention_for_cpu`.
 2. TP / TE-P / VAE-P planners build their mesh from `torch.accelerator.current_accelerator().type`, and that is
-   None on a CPU-only machine (and `cuda` for a CPU worker on a GPU machine, a twin's rank): answer `cpu`.
+   None on a CPU-only machine (and `cuda` for a CPU worker on a GPU machine, a twin's rank): answer `cpu`. CP's
+   `enable_parallelism` reads `torch._C._get_accelerator()` instead, which a CUDA build answers `cuda` even with the
+   GPU hidden from a CPU rank, then takes `rank % device_count()` of it: zero devices, ZeroDivisionError (a twin's
+   cp-ulysses-2 on the GPU machine's CPU): answer `cpu` there too.
 3. the ring merge calls a fused Triton/CuTe kernel that does not run on CPU: setting it to None selects
    cache-dit's own PyTorch merge.
 4. Wan / Helios / LTX TP use a `DistributedRMSNorm` whose forward asserts the tensor is not on CPU: the same
@@ -42,7 +45,7 @@ def _distributed_rms_norm_forward(self, x):
     return x * self.weight.to(x.device) if self.elementwise_affine else x
 
 
-def _cpu_accelerator(check_available: bool = False):
+def _cpu_accelerator(check_available: bool | None = False):
     return torch.device("cpu")
 
 
@@ -78,6 +81,9 @@ def apply_cpu_patches() -> list[str]:
     if accelerator is None or accelerator.type != "cpu":
         torch.accelerator.current_accelerator = _cpu_accelerator
         _applied.append("current-accelerator-cpu")
+    if torch._C._get_accelerator().type != "cpu":
+        torch._C._get_accelerator = _cpu_accelerator
+        _applied.append("compiled-accelerator-cpu")
 
     ring = importlib.import_module("cache_dit.distributed.core._templated_ring")
     ring.fused_merge_attn_states = None
