@@ -365,3 +365,18 @@ def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_o
     text = skips.read_text()
     assert "NOT HANDLED: `blocks`: block 3 gets ['skip'] = an earlier block's output" in text
     assert "patch_functor=" not in text
+
+
+@pytest.mark.full
+def test_a_list_without_attention_is_no_block_list(run_cli, tmp_path):
+    """HiDream's transformer calls `caption_projection` (one text projection per block, no attention inside) between
+    its blocks: the scaffold refused the model ('no ForwardPattern fits the blocks of caption_projection'); now the
+    adapter leaves that list out, names what still needs a PatchFunctor, and tp-2 passes."""
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/hidream", "--out", out, "--rows", "tp-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    adapter = text[text.index("def block_adapter"):text.index("def cp_plan")]
+    assert "caption_projection" not in adapter and "double_stream_blocks" in adapter, adapter
+    assert "NOT HANDLED" in adapter and "PatchFunctor" in adapter

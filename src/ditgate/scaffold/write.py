@@ -265,6 +265,11 @@ def plugin_source(observed: Observed) -> str:
     called = [b for b in a.block_lists if b.called]
     if not called:
         raise DitgateError("inspect saw no block list called: nothing to scaffold")
+    attentive = [b for b in called if any(g.transformer == b.transformer and g.group.startswith(f"{b.attribute}.*.")
+                                          for g in a.attention.groups)]
+    # a list whose items hold no attention (HiDream's caption_projection: one text projection per block) is no
+    # list of transformer blocks: the cache adapter leaves it alone
+    called = attentive or called
     by_t: dict[str, list] = {}
     for b in called:
         by_t.setdefault(b.transformer, []).append(b)
