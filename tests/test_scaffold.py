@@ -368,15 +368,17 @@ def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_o
 
 
 @pytest.mark.full
-def test_a_list_without_attention_is_no_block_list(run_cli, tmp_path):
-    """HiDream's transformer calls `caption_projection` (one text projection per block, no attention inside) between
-    its blocks: the scaffold refused the model ('no ForwardPattern fits the blocks of caption_projection'); now the
-    adapter leaves that list out, names what still needs a PatchFunctor, and tp-2 passes."""
-    out = tmp_path / "plugin.py"
-    code, stdout, err = run_cli("scaffold", "zoo:pipe/hidream", "--out", out, "--rows", "tp-2",
-                                "--run-dir", tmp_path / "run")
-    assert code == 0, err + stdout
+def test_hidream_lists_no_pattern_fits_are_left_out_and_loop_work_is_named(run_cli, tmp_path):
+    """HiDream-I1 (zoo:pipe/hidream): `caption_projection` is a ModuleList of text projections no ForwardPattern fits;
+    it is left out of the adapter (was: the whole scaffold refused); the double blocks' call form and the work the
+    single-block loop does between blocks are named NOT HANDLED, and the cache row does not pass."""
+    out = tmp_path / "hidream.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/hidream", "--out", out, "--rows", "cache", "--run-dir",
+                                tmp_path / "run")
     text = out.read_text()
-    adapter = text[text.index("def block_adapter"):text.index("def cp_plan")]
-    assert "caption_projection" not in adapter and "double_stream_blocks" in adapter, adapter
-    assert "NOT HANDLED" in adapter and "PatchFunctor" in adapter
+    assert "NOT HANDLED: `transformer.caption_projection` (4 x TextProjection) left out of the adapter" in text
+    assert "NOT HANDLED: `double_stream_blocks` needs a PatchFunctor the scaffold does not write" in text
+    assert "NOT HANDLED: `single_stream_blocks`: hidden_states changes between block 0 and block 1" in text
+    assert "caption_projection]" not in text.split("def block_adapter")[1].split("def cp_plan")[0]
+    (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
+    assert code == 1 and row["status"] != "passed"

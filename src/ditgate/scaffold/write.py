@@ -184,6 +184,9 @@ def _functor(lists: list) -> tuple[str | None, list[str]]:
                          "moves that work into the blocks (cache-dit's HunyuanDiT and ControlNet functors do)")
             continue
         if not b.per_block_arguments:
+            if b.patch_functor_needed:
+                notes.append(f"NOT HANDLED: `{b.attribute}` needs a PatchFunctor the scaffold does not write: "
+                             f"{'; '.join(b.loop_findings) or b.pattern_reason}")
             continue
         positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
         names = {"hidden_states": positional[0] if positional else None, "encoder_hidden_states": b.encoder_param}
@@ -208,17 +211,17 @@ def _adapter(a, by_t: dict[str, list], alike: list[str], functor: str | None = N
     from ditgate.inspect.model import serves
 
     first = next(iter(by_t))
-    adapted = [t for t in by_t if all(b.pattern for b in by_t[t])]
+    adapted = list(by_t)  # every transformer with a block list a ForwardPattern fits
     cache = ["def block_adapter(pipe):"]
     for t in by_t:
-        cache.append(f"    # {serves(a, t)}" + ("" if t in adapted else " -- NOT HANDLED: no ForwardPattern fits "
-                     f"{[b.attribute for b in by_t[t] if not b.pattern]}, so it is left out of the adapter"))
+        cache.append(f"    # {serves(a, t)}")
         for b in by_t[t]:
             cache.append(f"    #   `{t}.{b.attribute}`: {b.length} x {b.block_class}, returns {b.outputs} -> "
                          f"{b.pattern} ({b.pattern_reason})")
     silent = [t for t, n in a.transformer_calls.items() if n and t not in by_t]
     if silent:
-        cache.append(f"    # NOT HANDLED: {silent} called, with no block list observed: left out of the adapter")
+        cache.append(f"    # NOT HANDLED: {silent} called, with no block list a ForwardPattern fits observed: left out "
+                     "of the adapter")
     if len(adapted) > 1:
         cache.append(f"    # every transformer the pipeline calls is adapted: one left out would run uncached and, "
                      "under CP/TP, whole on every rank (the cache, cp and tp rows name it)")
@@ -265,19 +268,16 @@ def plugin_source(observed: Observed) -> str:
     called = [b for b in a.block_lists if b.called]
     if not called:
         raise DitgateError("inspect saw no block list called: nothing to scaffold")
-    attentive = [b for b in called if any(g.transformer == b.transformer and g.group.startswith(f"{b.attribute}.*.")
-                                          for g in a.attention.groups)]
-    # a list whose items hold no attention (HiDream's caption_projection: one text projection per block) is no
-    # list of transformer blocks: the cache adapter leaves it alone
-    called = attentive or called
     by_t: dict[str, list] = {}
     for b in called:
         by_t.setdefault(b.transformer, []).append(b)
+    left = [b for b in called if not b.pattern]  # no ForwardPattern fits what their blocks return
+    by_t = {t: [b for b in ls if b.pattern] for t, ls in by_t.items()}
+    if not next(iter(by_t.values())):
+        raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {[b.attribute for b in left]} (what they "
+                           "return needs a PatchFunctor that adapts it, which the scaffold does not write)")
+    by_t = {t: ls for t, ls in by_t.items() if ls}
     transformer, lists = next(iter(by_t.items()))
-    unpatterned = [b.attribute for b in lists if not b.pattern]
-    if unpatterned:
-        raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {unpatterned} (what they return needs "
-                           "a PatchFunctor that adapts it, which the scaffold does not write)")
     head = [f'"""Integration of {a.pipeline.cls} written by `ditgate scaffold {a.model}` from one observed call.',
             "", "Every choice below names the observation it rests on. Review it against the model's source.", '"""',
             "", "import functools", "import inspect", "import sys", "", "import cache_dit", "import torch", "import torch.distributed as dist",
@@ -291,6 +291,8 @@ def plugin_source(observed: Observed) -> str:
     shapes = {t: [(b.attribute, b.block_class) for b in ls] for t, ls in by_t.items()}
     alike = [t for t in by_t if classes.get(t) == classes.get(transformer) and shapes[t] == shapes[transformer]]
     functor, functor_notes = _functor(lists)
+    functor_notes += [f"NOT HANDLED: `{b.transformer}.{b.attribute}` ({b.length} x {b.block_class}) left out of the "
+                      f"adapter, uncached: {b.pattern_reason}" for b in left]
     cache, guard = _adapter(a, by_t, alike, functor, functor_notes)
     entries, notes, code = _cp(observed, transformer, lists[0])
     switches = _split_dims(a, transformer, lists)

@@ -58,6 +58,15 @@ def _reuse(fresh: bool) -> bool:
     return not fresh and os.environ.get("DITGATE_REUSE", "on").lower() not in ("off", "0", "no")
 
 
+def warm(args: argparse.Namespace) -> None:
+    """What `ditgate serve` prepares before it forks this command: the FLOP profile of its model and size (the
+    speedup predictions), counted once and kept there for every run after (ditgate.run.define.predict)."""
+    from ditgate.run.define.predict import profile_for
+
+    model = model_from(args)
+    profile_for(model.path, model.request, model.dtype)
+
+
 def main(args: argparse.Namespace) -> int:
     from ditgate.run.report import run_report as report_mod
     from ditgate.run.define import rows as rows_mod
