@@ -256,3 +256,37 @@ def test_model_contract_fails_on_unmatched_repeated_blocks(zoo_path):
     ctx.pipe().transformer._repeated_blocks = ["FluxTransformerBlock", "RenamedSingleBlock"]
     outcome = CHECKS["model-contract"].run(ctx, {})
     assert outcome.status == "fail" and "_repeated_blocks names RenamedSingleBlock" in outcome.evidence
+
+
+@pytest.mark.full  # three cache checklists on zoo:flux
+def test_a_second_checklist_reuses_the_stored_rows_and_never_a_changed_plugin(tmp_path, run_cli, monkeypatch):
+    """`ditgate checklist` uses the result store as `run` does: a second checklist takes the baseline and its
+    sensitivity row from it (the same keys; --fresh computes them), while the rows of the plugin always run, so an
+    edited plugin is judged again (here made wrong: the cache items fail although the store holds passing rows)."""
+    import shutil
+
+    monkeypatch.setenv("DITGATE_REUSE", "on")
+    monkeypatch.setenv("DITGATE_STORE", str(tmp_path / "store"))
+    plugin = tmp_path / "plugin.py"
+    shutil.copy(PLUGINS / "flux_good.py", plugin)
+    small = ["--height", "64", "--width", "64", "--steps", "6"]
+
+    def checklist(name, *extra):
+        code, _, err = run_cli("checklist", "cache", "--model", "zoo:flux", "--out", tmp_path / name,
+                               "--integration", plugin, *small, *extra)
+        report = json.loads((tmp_path / name / "report.json").read_text())
+        return code, err, report, _status(_filled(tmp_path / name, "cache"))
+
+    code, err, first, status = checklist("a")
+    assert code == 0 and not first["reused"], (status, err[-3000:])
+    code, err, second, again = checklist("b")
+    assert code == 0 and again == status, err[-3000:]
+    assert set(second["reused"]) == {"baseline", "sensitivity"} and "reused from" in err
+    computed = {r["name"] for r in second["rows"] if not r.get("reused_from")}
+    assert "cache" in computed and "baseline" not in computed  # the plugin's row ran again
+    assert not checklist("c", "--fresh")[2]["reused"]
+
+    shutil.copy(PLUGINS / "flux_wrong_pattern.py", plugin)  # the plugin edited: its rows are judged anew
+    code, _, changed, wrong = checklist("d")
+    assert code == 1 and wrong["cache-row"] == wrong["pattern-matches"] == "fail"
+    assert "cache" not in changed["reused"]

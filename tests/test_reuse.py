@@ -17,7 +17,7 @@ import pytest
 
 from ditgate.core.model import Model
 from ditgate.run.define import rows
-from ditgate.run.reuse import Store, keys, reusable, row_key
+from ditgate.run.reuse import Store, judged, keys, reusable, row_key
 from ditgate.run.runner import RunConfig, run, warm_calls
 
 SMALL = {"height": 64, "width": 64, "steps": 3}
@@ -154,6 +154,31 @@ def test_store_is_bounded_and_atomic(tmp_path):
     (store.root / "entries" / "k2" / "output.npy").unlink()  # a file gone: the entry is not trusted, and removed
     assert store.get("k2", tmp_path / "other", "baseline2") is None
     assert not (store.root / "entries" / "k2").exists()
+
+
+def test_a_check_of_stored_outputs_is_kept_by_their_content(tmp_path, monkeypatch):
+    """reuse.judged: measured once for the same inputs (arrays by content), again for changed ones, never with
+    --fresh; a damaged kept result is measured again."""
+    from types import SimpleNamespace
+
+    from ditgate.run.judge.discrimination import _content
+
+    monkeypatch.setenv("DITGATE_STORE", str(tmp_path / "store"))
+    (tmp_path / "run.json").write_text(json.dumps({"versions": {"torch": "2.x"}}))
+    measured = []
+
+    def check(array):
+        inputs = {"check": "test", "arrays": _content({"output": array, "noise": None})}
+        return judged(cfg, tmp_path, inputs, lambda: measured.append(1) or {"passed": True, "n": len(measured)})
+
+    cfg, array = SimpleNamespace(reuse=True), np.arange(6, dtype=np.float32)
+    assert check(array) == check(array.copy()) == {"passed": True, "n": 1}
+    assert check(array.reshape(2, 3))["n"] == 2  # another shape: other inputs
+    for kept in (tmp_path / "store" / "judged").iterdir():
+        kept.write_text("{")
+    assert check(array)["n"] == 3
+    cfg.reuse = False
+    assert check(array)["n"] == 4 == len(measured)
 
 
 def _same_when_reused(tmp_path, monkeypatch, model: Model, names: str, **extra) -> None:

@@ -92,6 +92,16 @@ def test_server_runs_commands_as_a_fresh_process_would(zoo_path, tmp_path):
     assert log.count("keeping") == 1, log  # the served command's pipeline was loaded in the server, kept for the next
 
 
+def test_which_commands_the_client_hands_over_before_parsing():
+    from ditgate.cli import may_serve
+
+    assert may_serve(["run", "zoo:flux", "--rows", "cache"]) and may_serve(["inspect", "m", "--server", "auto"])
+    assert may_serve(["diff", "m", "--server=auto"]) and may_serve(["checklist", "m"])
+    for argv in (["run", "m", "--server", "off"], ["run", "m", "--serv", "auto"], ["run", "m", "--server=off"],
+                 ["zoo", "list"], ["serve"], [], ["run", "--", "m"]):
+        assert not may_serve(argv), argv  # not served, or left to the parser to read
+
+
 def test_stop_and_a_folder_not_private(tmp_path):
     env = _env(tmp_path / "home")
     (tmp_path / "home" / "serve").mkdir(parents=True, mode=0o755)

@@ -108,8 +108,30 @@ def _os_error(exc: OSError) -> str:
     return f"{where}: {what}" if where else what
 
 
+def may_serve(argv: list[str]) -> bool:
+    """Whether a running `ditgate serve` may run `argv`, read before any parser is built (the served command parses
+    it, and reports what is wrong, as this process would): a command the server runs whose --server is not `off`.
+    Anything unclear (a word the parser could read as --server, a `--`) is left to the parser."""
+    from ditgate.commands.tools.served import WARM_COMMANDS
+
+    if not argv or argv[0] not in WARM_COMMANDS or "--" in argv:
+        return False
+    for index, word in enumerate(argv):
+        if word.startswith("--ser") and not (word == "--server=auto" or (word == "--server" and
+                                                                          argv[index + 1:index + 2] == ["auto"])):
+            return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    asked = may_serve(argv)
+    if asked:  # a running `ditgate serve` runs it warm (never required); this process builds no parser for it
+        from ditgate.commands.tools import serve
+
+        forwarded = serve.forward(argv)
+        if forwarded is not None:
+            return forwarded
     parser = build_parser()
     if not argv:  # `ditgate` alone: what it can do
         parser.print_help()
@@ -117,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported by the command's own parser: its usage, and the nearest of its options
         getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
-    if getattr(args, "server", "off") == "auto":  # a running `ditgate serve` runs it warm (never required)
+    if getattr(args, "server", "off") == "auto" and not asked:  # as above, for a spelling only the parser reads
         from ditgate.commands.tools import serve
 
         forwarded = serve.forward(argv)

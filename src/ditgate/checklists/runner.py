@@ -94,6 +94,7 @@ class RunOptions:
     launch: str = "once"  # --launch, as `ditgate run` takes it
     variants: Callable[[list], list] | None = None  # --prompts / --seeds: the lossy rows' variants added to the rows
     row_args: list[str] = field(default_factory=list)  # those options as given, for the reproducing command
+    reuse: bool = False  # reference rows from the result store, as `ditgate run` (ditgate.run.reuse; --fresh: off)
 
 
 def _row_outcome(row: dict[str, Any] | None, name: str) -> Outcome:
@@ -262,7 +263,7 @@ class _Session:
         if o.from_run is not None:
             copy_finished_rows(Path(o.from_run), run_dir, [r.name for r in chosen])
         cfg = RunConfig(model=o.model, rows=chosen, out=run_dir, integration=o.integration, timeout=o.timeout, twin=o.twin,
-                        resume=o.from_run is not None, launch=o.launch)
+                        resume=o.from_run is not None, launch=o.launch, reuse=o.reuse)
         self.ctx.report = run(cfg, progress=self.say)
         self.ctx.run_dir = Path(self.ctx.report["run_dir"])
         for c, i in self.items:
@@ -284,7 +285,7 @@ class _Session:
         rows = with_cache_config(select(DEFAULT_ROWS, names), o.cache_config)
         rows = o.variants(rows) if o.variants else rows
         report = run(RunConfig(model=model, rows=rows, out=folder, integration=o.integration, timeout=o.timeout,
-                               twin=o.twin, launch=o.launch), progress=self.say)
+                               twin=o.twin, launch=o.launch, reuse=o.reuse), progress=self.say)
         sizes = self.ctx.anatomy["sizes"]
         at = f"{req.call.get('height')}x{req.call.get('width')}"
         for c, i in items:

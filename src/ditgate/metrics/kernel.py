@@ -41,6 +41,10 @@ C2 = (K2 * DATA_RANGE) ** 2
 BAND = 32                     # outputs per block of the banded filter matrices
 CPU_STRIP_ROWS = 64           # SSIM-map rows per strip on a CPU
 GPU_CHUNK_ELEMENTS = 1 << 25  # input elements (frames x H x W x C) per chunk on a GPU
+# A frame of up to this many elements (H x W x C; 512 x 512 x 3 is 786k) is filtered on one CPU thread: its GEMMs
+# ((32, 42) by (42, 4 C W)) are too small to split, and threads only wait on each other (measured on the 2-core
+# machine under load: 128 x 128 x 3 in 0.006-0.013 s on one thread, 0.08-0.43 s on two; the sums bit for bit equal)
+ONE_THREAD_FRAME = 1 << 20
 
 
 def gaussian_window(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -150,6 +154,19 @@ def _segments(length: int, grid: int, device: torch.device) -> tuple[torch.Tenso
 
 def frame_sums(x: torch.Tensor, y: torch.Tensor, grid: int = 1,
                precision: torch.dtype = torch.float32) -> KernelOutput:
+    """See `_frame_sums`; small frames on a CPU are filtered on one thread (ONE_THREAD_FRAME)."""
+    threads = torch.get_num_threads()
+    if x.device.type != "cpu" or threads == 1 or x.numel() > ONE_THREAD_FRAME * max(1, x.shape[0]):
+        return _frame_sums(x, y, grid, precision)
+    torch.set_num_threads(1)
+    try:
+        return _frame_sums(x, y, grid, precision)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _frame_sums(x: torch.Tensor, y: torch.Tensor, grid: int = 1,
+                precision: torch.dtype = torch.float32) -> KernelOutput:
     """Squared error and SSIM tile sums of two float32 (N, H, W, C) batches in [0, 1] on the same device.
 
     `precision` is the dtype the SSIM statistics are computed in. float32 (the default) agrees with scikit-image

@@ -365,6 +365,12 @@ class Runner:
                             wall_s=round(time.perf_counter() - self._start, 2), profile=self.profile,
                             profile_note=note, checks=checks)
 
+    def judged(self, inputs: dict[str, Any], compute: Callable[[], dict]) -> dict[str, Any]:
+        """A check of stored outputs, measured once across the runs that reuse (ditgate.run.reuse.judged)."""
+        from ditgate.run.reuse import judged
+
+        return judged(self.cfg, self.run_dir, inputs, compute)
+
     def gate_table(self) -> dict | None:
         """The run's own gate table (`gates=`), read once; None: gates.json."""
         if self.cfg.gates and not hasattr(self, "_gate_table"):

@@ -43,11 +43,19 @@ def _root_split_ok(observed: Observed, transformer: str) -> tuple[bool, str]:
     a = observed.anatomy
     s = a.sequence
     lengths = {n for n in (s.image_tokens, s.text_tokens) if n}
+    both = s.image_tokens + s.text_tokens if s.joint and s.image_tokens and s.text_tokens else None
+    root = [d for shape in observed.roots.get(transformer, {}).values() for d in shape[:2]]
     for t in _own(a.traits.per_block_tensors, transformer):
         maker = t.get("made_by")
+        if both and t["shape"][t["dim"]] == both and s.image_tokens in root and s.text_tokens in root:
+            continue  # a joint table built from the text's and the image's positions, both split at the root
         if maker is None:
             return False, (f"`{t['argument']}` {t['shape']} is built in forward by no module and handed to every "
                            f"block: a root split would not reach it")
+        if t["shape"][t["dim"]] == s.image_tokens:  # its output splits whatever the module builds it from
+            return False, (f"`{maker}` makes `{t['argument']}` {t['shape']} for the image tokens: split at its output "
+                           "(a root split is right only when it builds the table from the split input, which the "
+                           "shapes do not show; LTX's RoPE reads the frame grid, not the tokens)")
         inputs = observed.child_inputs.get(maker, [])
         if not any(d in lengths for shape in inputs for d in shape):
             return False, (f"`{maker}` makes `{t['argument']}` {t['shape']} from no sequence-long tensor (its tensor "
@@ -64,7 +72,7 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
     root = observed.roots.get(transformer, {})
     entries, notes, code = [], [], []
     at_root = {n: (_seq_dim(shape, lengths), len(shape)) for n, shape in root.items()}
-    at_root = {n: v for n, v in at_root.items() if v[0] is not None}
+    at_root = {n: v for n, v in at_root.items() if v[0] is not None and "mask" not in n.lower()}  # never the stream
     root_ok, why_not = _root_split_ok(observed, transformer)
     if any(root[n][d] == img for n, (d, _) in at_root.items()) and root_ok:
         notes.append(f"the transformer's own inputs carry the {img}-token sequence "
@@ -114,15 +122,26 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
                     SPLIT.format(dim=t["dim"], ndim=len(t["shape"]), out=True))
                 notes.append(f"`{t['argument']}` {t['shape']} reaches every block of `{t['list']}` with the sequence "
                              f"on dim {t['dim']}, made by `{t['made_by']}`: its output is split there")
-            elif not t.get("made_by") and "[" not in t["argument"] and t["shape"][t["dim"]] in lengths \
+            elif not t.get("made_by") and t["shape"][t["dim"]] in lengths \
                     and t["list"] == f"{transformer}.{first.attribute}":
-                every[t["argument"]] = SPLIT.format(dim=t["dim"], ndim=len(t["shape"]), out=False)
+                name, _, index = t["argument"].partition("[")  # a tuple (RoPE cos, sin): one split per element
+                split_t = SPLIT.format(dim=t["dim"], ndim=len(t["shape"]), out=False)
+                every.setdefault(name, {})[int(index.rstrip("]")) if index.rstrip("]").isdigit() else None] = split_t
                 notes.append(f"`{t['argument']}` {t['shape']} is built in forward (no module makes it) and handed to "
                              f"every block of `{t['list']}` with the sequence on dim {t['dim']}: split at every "
                              f"block (`{first.attribute}.*`); left whole, the blocks would pair each rank's tokens "
                              "with the first rows of the table (cp-ulysses-2 tells them apart)")
-        if every:
-            entries.append(f'"{first.attribute}.*": {{' + ", ".join(f'"{k}": {v}' for k, v in every.items()) + "}")
+        every_entries = []
+        for name, parts in every.items():
+            if list(parts) == [None]:
+                every_entries.append(f'"{name}": {parts[None]}')
+            elif sorted(parts) == list(range(len(parts))):
+                every_entries.append(f'"{name}": [' + ", ".join(parts[i] for i in range(len(parts))) + "]")
+            else:
+                notes.append(f"NOT HANDLED: `{name}` reaches the blocks with sequence tables at elements "
+                             f"{sorted(str(i) for i in parts)} only: split it at `{first.attribute}.*` by hand")
+        if every_entries:
+            entries.append(f'"{first.attribute}.*": {{' + ", ".join(every_entries) + "}")
         for module, parts in made.items():
             entries.append(f'"{module}": {{' + ", ".join(p if ":" in p else f"0: {p}" for p in parts) + "}")
         for table in s.per_token_tables:

@@ -97,7 +97,44 @@ class RoutedAttention:
 def route_attention(modules, reorder_mask=True, text_first=False, local=False):
     for attn in modules:
         if not isinstance(attn.processor, RoutedAttention):
-            attn.set_processor(RoutedAttention(attn.processor, reorder_mask, text_first, local))
+            routed = RoutedAttention(attn.processor, reorder_mask, text_first, local)
+            if hasattr(attn, "set_processor"):
+                attn.set_processor(routed)
+            else:  # an attention class of its own without the setter (Mochi's)
+                attn.processor = routed
+
+
+class HeadTables:
+    """The model's attention processor under TP, the tables it receives with one row per head ([..., heads, dim]:
+    RoPE frequencies learned per head) cut to this rank's heads, as its sharded q/k/v are."""
+
+    def __init__(self, inner, heads, rank, world, names):
+        self.inner, self.heads, self.rank, self.world, self.names = inner, heads, rank, world, names
+
+        def call(attn, *args, **kwargs):
+            return type(self).__call__(self, attn, *args, **kwargs)
+
+        call.__signature__ = inspect.signature(inner.__call__)
+        self.__call__ = call
+
+    def __call__(self, attn, *args, **kwargs):
+        share = self.heads // self.world
+
+        def cut(x):
+            if torch.is_tensor(x) and x.ndim >= 3 and x.shape[-2] == self.heads:
+                return x.narrow(-2, self.rank * share, share)
+            return type(x)(cut(v) for v in x) if isinstance(x, (tuple, list)) else x
+
+        kwargs = {k: cut(v) if k in self.names else v for k, v in kwargs.items()}
+        return self.inner(attn, *args, **kwargs)
+
+
+def cut_head_tables(attn, heads, tp_mesh, names):
+    processor = HeadTables(attn.processor, heads, tp_mesh.get_local_rank(), tp_mesh.size(), names)
+    if hasattr(attn, "set_processor"):
+        attn.set_processor(processor)
+    else:
+        attn.processor = processor
 
 
 class GatheredRouting:

@@ -53,7 +53,7 @@ def observe(model) -> Observed:
                         seen.child_inputs[key] = [list(a.shape) for a in (*args, *kwargs.values())
                                                   if isinstance(a, torch.Tensor)]
                 handles.append(child.register_forward_pre_hook(child_pre, with_kwargs=True))
-            _processors(module, seen.processors)
+            _processors(module, seen.processors, handles)
 
     try:
         seen.anatomy = inspect_model(model, on_load=hook_all)
@@ -63,10 +63,14 @@ def observe(model) -> Observed:
     return seen
 
 
-def _processors(transformer, out: dict[str, dict[str, Any]]) -> None:
+def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> None:
     """Per attention group (`list.*.path`): whether its processor carries a CP config attribute, whether its code calls
-    `dispatch_attention_fn` (so the call can be routed), and the int attributes TP must divide (heads, inner widths)."""
+    `dispatch_attention_fn` (so the call can be routed), the int attributes TP must divide (heads, inner widths), and
+    (filled on the call) the keyword tables it receives with one row per head (`head_tables`: Mochi's RoPE, learned
+    per head, [tokens, heads, dim])."""
     import sys
+
+    import torch
 
     from ditgate.inspect.observe import block_lists, is_attention_module
 
@@ -84,11 +88,19 @@ def _processors(transformer, out: dict[str, dict[str, Any]]) -> None:
                 code = pyinspect.getsource(type(processor).__call__) if processor is not None else ""
             except (OSError, TypeError):
                 code = ""
-            out[f"{attribute}.*.{path}"] = {
+            group = out[f"{attribute}.*.{path}"] = {
                 "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
                                  for n in ("_parallel_config", "_cp_config")),
                 "routable": "dispatch_attention_fn" in namespace or "scaled_dot_product_attention" in code,
-                "divide": divide}
+                "divide": divide, "head_tables": [], "heads": heads}
+
+            def tables(mod, args, kwargs, group=group, heads=heads):
+                for name, value in kwargs.items():
+                    leaves = value if isinstance(value, (tuple, list)) else [value]
+                    if heads and heads > 1 and name not in group["head_tables"] and any(
+                            isinstance(x, torch.Tensor) and x.ndim >= 3 and x.shape[-2] == heads for x in leaves):
+                        group["head_tables"].append(name)
+            handles.append(module.register_forward_pre_hook(tables, with_kwargs=True))
 
 
 def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], chains: list[tuple[str, str]] = (),
@@ -172,6 +184,9 @@ def _functor(lists: list) -> tuple[str | None, list[str]]:
                          "moves that work into the blocks (cache-dit's HunyuanDiT and ControlNet functors do)")
             continue
         if not b.per_block_arguments:
+            if b.patch_functor_needed:
+                notes.append(f"NOT HANDLED: `{b.attribute}` needs a PatchFunctor the scaffold does not write: "
+                             f"{'; '.join(b.loop_findings) or b.pattern_reason}")
             continue
         positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
         names = {"hidden_states": positional[0] if positional else None, "encoder_hidden_states": b.encoder_param}
@@ -196,17 +211,17 @@ def _adapter(a, by_t: dict[str, list], alike: list[str], functor: str | None = N
     from ditgate.inspect.model import serves
 
     first = next(iter(by_t))
-    adapted = [t for t in by_t if all(b.pattern for b in by_t[t])]
+    adapted = list(by_t)  # every transformer with a block list a ForwardPattern fits
     cache = ["def block_adapter(pipe):"]
     for t in by_t:
-        cache.append(f"    # {serves(a, t)}" + ("" if t in adapted else " -- NOT HANDLED: no ForwardPattern fits "
-                     f"{[b.attribute for b in by_t[t] if not b.pattern]}, so it is left out of the adapter"))
+        cache.append(f"    # {serves(a, t)}")
         for b in by_t[t]:
             cache.append(f"    #   `{t}.{b.attribute}`: {b.length} x {b.block_class}, returns {b.outputs} -> "
                          f"{b.pattern} ({b.pattern_reason})")
     silent = [t for t, n in a.transformer_calls.items() if n and t not in by_t]
     if silent:
-        cache.append(f"    # NOT HANDLED: {silent} called, with no block list observed: left out of the adapter")
+        cache.append(f"    # NOT HANDLED: {silent} called, with no block list a ForwardPattern fits observed: left out "
+                     "of the adapter")
     if len(adapted) > 1:
         cache.append(f"    # every transformer the pipeline calls is adapted: one left out would run uncached and, "
                      "under CP/TP, whole on every rank (the cache, cp and tp rows name it)")
@@ -256,11 +271,13 @@ def plugin_source(observed: Observed) -> str:
     by_t: dict[str, list] = {}
     for b in called:
         by_t.setdefault(b.transformer, []).append(b)
+    left = [b for b in called if not b.pattern]  # no ForwardPattern fits what their blocks return
+    by_t = {t: [b for b in ls if b.pattern] for t, ls in by_t.items()}
+    if not next(iter(by_t.values())):
+        raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {[b.attribute for b in left]} (what they "
+                           "return needs a PatchFunctor that adapts it, which the scaffold does not write)")
+    by_t = {t: ls for t, ls in by_t.items() if ls}
     transformer, lists = next(iter(by_t.items()))
-    unpatterned = [b.attribute for b in lists if not b.pattern]
-    if unpatterned:
-        raise DitgateError(f"no cache-dit ForwardPattern fits the blocks of {unpatterned} (what they return needs "
-                           "a PatchFunctor that adapts it, which the scaffold does not write)")
     head = [f'"""Integration of {a.pipeline.cls} written by `ditgate scaffold {a.model}` from one observed call.',
             "", "Every choice below names the observation it rests on. Review it against the model's source.", '"""',
             "", "import functools", "import inspect", "import sys", "", "import cache_dit", "import torch", "import torch.distributed as dist",
@@ -274,6 +291,8 @@ def plugin_source(observed: Observed) -> str:
     shapes = {t: [(b.attribute, b.block_class) for b in ls] for t, ls in by_t.items()}
     alike = [t for t in by_t if classes.get(t) == classes.get(transformer) and shapes[t] == shapes[transformer]]
     functor, functor_notes = _functor(lists)
+    functor_notes += [f"NOT HANDLED: `{b.transformer}.{b.attribute}` ({b.length} x {b.block_class}) left out of the "
+                      f"adapter, uncached: {b.pattern_reason}" for b in left]
     cache, guard = _adapter(a, by_t, alike, functor, functor_notes)
     entries, notes, code = _cp(observed, transformer, lists[0])
     switches = _split_dims(a, transformer, lists)
@@ -310,10 +329,17 @@ def plugin_source(observed: Observed) -> str:
         for b in listed:
             tp += [f"    for block in {_blocks_expr(b.attribute, span_text.rstrip(']'), b.length)}:"]
             for p in attn:
-                divide = observed.processors.get(f"{b.attribute}.*.{p}", {}).get("divide") or ["heads"]
+                group = observed.processors.get(f"{b.attribute}.*.{p}", {})
+                if group.get("head_tables"):
+                    tp += [f"        # `{p}` receives {group['head_tables']} with one row per head (observed "
+                           f"[..., {group['heads']}, dim]): cut to this rank's heads; left whole, tp-2 fails",
+                           f"        cut_head_tables(block.{p}, {group['heads']}, tp_mesh, "
+                           f"{tuple(group['head_tables'])!r})"]
+                divide = group.get("divide") or ["heads"]
                 tp += [f"        shard_div_attr(block.{p}, \"{n}\", tp)" for n in divide]
             tp += ["        parallelize_module(block, tp_mesh, plan)"]
         tp.append("    plans.append(plan)")
     tp += ["    return plans", ""]
-    helpers = ([HELPERS.strip("\n"), "", ""] if code else []) + ([FUNCTOR.strip("\n"), "", ""] if functor else [])
+    helpers = ([HELPERS.strip("\n"), "", ""] if code or any("cut_head_tables(" in line for line in tp) else []) \
+        + ([FUNCTOR.strip("\n"), "", ""] if functor else [])
     return "\n".join(head + switches + ([""] if switches else []) + helpers + cache + cp + tp)

@@ -19,8 +19,9 @@ _MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "manual": "MANUAL", "
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from ditgate.commands.model.options import (add_junit_argument, add_model_arguments, add_row_arguments,
-                                                add_server_argument, add_twin_argument, add_variant_arguments)
+    from ditgate.commands.model.options import (add_fresh_argument, add_junit_argument, add_model_arguments,
+                                                add_row_arguments, add_server_argument, add_twin_argument,
+                                                add_variant_arguments)
     add_server_argument(parser)
 
     parser.add_argument("phase", metavar="PHASE", nargs="?",
@@ -42,6 +43,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-run", type=Path, metavar="RUN",
                         help="a run folder of `ditgate run` on the same model and request: its finished rows are "
                              "copied into --out and not computed again")
+    add_fresh_argument(parser)  # the result store, as `ditgate run` uses it
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds a parallel group may go without progress before it is killed (default 600)")
     parser.add_argument("--json", action="store_true", help="print the filled-in checklists as JSON")
@@ -126,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
         raise DitgateError(f"--integration {args.integration}: no such file")
 
     checklists = [load(name) for name in _names(args.phase)]
-    from ditgate.commands.model.options import use_cache_dit_from, use_split_dims_from, with_variants
+    from ditgate.commands.model.options import reuse_from, use_cache_dit_from, use_split_dims_from, with_variants
     from ditgate.run.define.configs import parse_cache_config
 
     use_cache_dit_from(args)
@@ -136,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
     opts = RunOptions(model=model, integration=args.integration, twin=args.twin, out=args.out,
                       timeout=args.timeout, from_run=args.from_run, cache_config=parse_cache_config(args.cache_config),
                       launch=args.launch, variants=lambda rows: with_variants(rows, args, model),
-                      row_args=_row_args(args))
+                      row_args=_row_args(args), reuse=reuse_from(args))
     with contextlib.redirect_stdout(sys.stderr):  # libraries log to stdout; keep it for the result
         filled = run_checklists(checklists, opts)
     paths = [write_filled(f) for f in filled]

@@ -34,6 +34,21 @@ def add_server_argument(parser: argparse.ArgumentParser) -> None:
                         help="auto (default): run on a running `ditgate serve` (imports done), else here; off: here")
 
 
+def add_fresh_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fresh", action="store_true",
+                        help="compute every row, reusing nothing from the result store (by default a reference row "
+                             "whose model, request, dtype, device, libraries, gate table and definition are "
+                             "unchanged is reused from an earlier run; $DITGATE_REUSE=off does the same as --fresh)")
+
+
+def reuse_from(args: argparse.Namespace) -> bool:
+    """Whether the command's runs reuse stored reference rows (ditgate.run.reuse): yes unless --fresh or
+    $DITGATE_REUSE=off."""
+    import os
+
+    return not args.fresh and os.environ.get("DITGATE_REUSE", "on").lower() not in ("off", "0", "no")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, model_option: bool = False) -> None:
     """Arguments shared by every command that loads and runs a model (the model as `--model` when
     `model_option`): one request object and one device/dtype default for all of them."""

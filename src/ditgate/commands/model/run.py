@@ -6,10 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
-from ditgate.commands.model.options import (add_integration_argument, add_junit_argument, add_model_arguments,
-                                            add_row_arguments, add_server_argument, add_twin_argument,
-                                            add_variant_arguments, model_from, use_cache_dit_from,
-                                            use_split_dims_from, with_variants)
+from ditgate.commands.model.options import (add_fresh_argument, add_integration_argument, add_junit_argument,
+                                            add_model_arguments, add_row_arguments, add_server_argument,
+                                            add_twin_argument, add_variant_arguments, model_from, reuse_from,
+                                            use_cache_dit_from, use_split_dims_from, with_variants)
 
 HELP = "run the baseline and each phase (cache, CP, TP, TE-P, VAE-P, hybrid) and gate them"
 
@@ -29,10 +29,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_twin_argument(parser)
     parser.add_argument("--out", type=Path, help="run folder (default: a new folder under runs/)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished rows")
-    parser.add_argument("--fresh", action="store_true",
-                        help="compute every row, reusing nothing from the result store (by default a reference row "
-                             "whose model, request, dtype, device, libraries, gate table and definition are "
-                             "unchanged is reused from an earlier run; $DITGATE_REUSE=off does the same as --fresh)")
+    add_fresh_argument(parser)
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds a parallel group may go without progress before it is killed (default 600)")
     parser.add_argument("--warmup", type=int, help="untimed calls before the timed ones (default: 1 on a GPU, where "
@@ -51,11 +48,13 @@ def _warmup(given: int | None, device: str) -> int:
     return given if given is not None else (1 if device.startswith("cuda") else 0)
 
 
-def _reuse(fresh: bool) -> bool:
-    """Whether the run reuses stored reference rows: yes unless --fresh or $DITGATE_REUSE=off."""
-    import os
+def warm(args: argparse.Namespace) -> None:
+    """What `ditgate serve` prepares before it forks this command: the FLOP profile of its model and size (the
+    speedup predictions), counted once and kept there for every run after (ditgate.run.define.predict)."""
+    from ditgate.run.define.predict import profile_for
 
-    return not fresh and os.environ.get("DITGATE_REUSE", "on").lower() not in ("off", "0", "no")
+    model = model_from(args)
+    profile_for(model.path, model.request, model.dtype)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -89,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
     chosen = with_variants(chosen, args, model)
     cfg = RunConfig(model=model, rows=chosen, out=args.out, integration=args.integration, timeout=args.timeout,
                     resume=args.resume, warmup=_warmup(args.warmup, model.device), repeats=args.repeats,
-                    diff=not args.no_diff, launch=args.launch, twin=args.twin, reuse=_reuse(args.fresh))
+                    diff=not args.no_diff, launch=args.launch, twin=args.twin, reuse=reuse_from(args))
     report = run(cfg)
     if args.junit:
         junit.write(args.junit, f"ditgate run {report['model']}",

@@ -175,7 +175,7 @@ def _serve_one(conn: socket.socket, entry, inline: bool = False) -> bool:
             _send(conn, {"rc": code})
             return True
         if args is not None:
-            served.keep_for(args, request["cwd"])
+            served.keep_for(args, request["cwd"], request["argv"][0])
         gc.freeze()  # the command's collections walk only what it makes, not the server's heap (and leave its pages shared)
         pid = os.fork()
         if pid == 0:

@@ -10,6 +10,7 @@ subprocess", measured on the H200 machine), so it is never forked.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -84,7 +85,6 @@ def wants_cuda(device: str) -> bool:
 def parsed(argv: list[str]) -> argparse.Namespace | None:
     """The options of a command whose pipeline the server may keep (run, diff, inspect, checklist), or None."""
     import contextlib
-    import importlib
     import io
 
     if not argv or argv[0] not in WARM_COMMANDS:
@@ -99,10 +99,12 @@ def parsed(argv: list[str]) -> argparse.Namespace | None:
     return args if getattr(args, "model", None) and hasattr(args, "device") else None
 
 
-def keep_for(args: argparse.Namespace, cwd: str) -> None:
+def keep_for(args: argparse.Namespace, cwd: str, command: str = "") -> None:
     """Load the pipeline the command will load, in host memory, before forking it: the forked command takes it
-    (ditgate.core.warm) and the next command on the same folder finds it loaded. A model whose code comes from its
-    folder is not loaded here. Anything that goes wrong is left to the command to report."""
+    (ditgate.core.warm) and the next command on the same folder finds it loaded; then what the command's module
+    prepares before it runs (its `warm(args)`: `run` counts its FLOP profile, kept by ditgate.run.define.predict
+    for the runs after). A model whose code comes from its folder is not loaded here. Anything that goes wrong is
+    left to the command to report."""
     from ditgate.core import loader, warm
     from ditgate.core import request as request_mod
 
@@ -119,6 +121,10 @@ def keep_for(args: argparse.Namespace, cwd: str) -> None:
             name = str(dtype).removeprefix("torch.")
             print(f"ditgate serve: keeping {path} loaded ({name}, {time.perf_counter() - start:.1f} s) for the "
                   "commands that load it", file=sys.__stderr__, flush=True)
+        if command in WARM_COMMANDS:  # what the command module prepares in the server (`warm(args)`), if anything
+            prepare = getattr(importlib.import_module(f"ditgate.commands.model.{command}"), "warm", None)
+            if prepare is not None:
+                prepare(args)
     except Exception:  # noqa: BLE001 - the command itself reports what is wrong
         return
     finally:

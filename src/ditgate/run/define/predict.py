@@ -32,19 +32,31 @@ def max_fn(profile) -> int | None:
     return min(len(unit) for unit in profile.cache_units) - 1
 
 
+_COUNTED: dict[tuple, tuple] = {}  # the profiles counted in this process (`ditgate serve` counts a run's before forking it)
+COUNTED_KEPT = 8
+
+
 def profile_for(model_path: Path, request, dtype: str):
-    """The FLOP profile at the request's size, or (None, why not)."""
+    """The FLOP profile at the request's size, or (None, why not); counted once per process for the same model
+    folder (its files' fingerprint), size and dtype."""
+    from ditgate.core.warm import folder_fingerprint
     from ditgate.inspect.flops import profile as flops
 
     call = request.call
     if not (isinstance(call.get("height"), int) and isinstance(call.get("width"), int)):
         return None, "no --height/--width in the request: the FLOP model needs the size"
-    try:
-        profile = flops.analyze(model_path, height=call["height"], width=call["width"],
-                                frames=call.get("num_frames"), text_len=call.get("max_sequence_length"), dtype=dtype)
-    except DitgateError as exc:
-        return None, str(exc)
-    return profile, None
+    size = (call["height"], call["width"], call.get("num_frames"), call.get("max_sequence_length"))
+    key = (str(Path(model_path).resolve()), folder_fingerprint(model_path), size, dtype)
+    if key not in _COUNTED:
+        try:
+            found = flops.analyze(model_path, height=size[0], width=size[1], frames=size[2], text_len=size[3],
+                                  dtype=dtype), None
+        except DitgateError as exc:
+            found = None, str(exc)
+        while len(_COUNTED) >= COUNTED_KEPT:
+            _COUNTED.pop(next(iter(_COUNTED)))
+        _COUNTED[key] = found
+    return _COUNTED[key]
 
 
 def _cached_calls(facts: dict[str, Any]) -> int:

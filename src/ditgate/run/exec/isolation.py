@@ -92,6 +92,7 @@ class Pristine:
 
     def __init__(self, pipe, device: str, load_s: float = 0.0):
         self.pipe, self.device, self.load_s = pipe, device, load_s
+        self._handover = False  # `last_row`
         self.bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in _tensors_of(pipe)}.values())
         self.on_host = False
         if device.startswith("cuda"):
@@ -117,8 +118,17 @@ class Pristine:
     def resident_bytes(self) -> int:
         return 0 if self.on_host or not self.device.startswith("cuda") else self.bytes
 
+    def last_row(self) -> None:
+        """The next `fresh` is the last this process asks for (a worker rank's last row: the rank ends after it):
+        on a CPU it hands over the pristine pipeline itself, never run, instead of a copy of it."""
+        self._handover = not self.device.startswith("cuda")
+
     def fresh(self):
-        """A copy of the pristine pipeline on its device, sharing nothing with it; returns (pipe, seconds)."""
+        """A copy of the pristine pipeline on its device, sharing nothing with it; returns (pipe, seconds). After
+        `last_row` (on a CPU): the pristine pipeline itself, once."""
+        if self._handover and self.pipe is not None:
+            pipe, self.pipe, self._handover = self.pipe, None, False
+            return pipe, 0.0
         start = time.perf_counter()
         memo = {}
         with torch.no_grad():

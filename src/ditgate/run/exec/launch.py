@@ -157,7 +157,7 @@ def _free_port() -> int:
 
 
 def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
-              on_poll: Callable[[], None] | None = None, poll: float = 0.1,
+              on_poll: Callable[[], None] | None = None, poll: float = 0.05,
               module: str = "ditgate.run.exec.worker", pristine=None) -> GroupOutcome:
     """Run `job` on `world_size` ranks and wait for it: `python -m MODULE JOB.json` under torchrun (default: the
     row worker, see ditgate.run.exec.worker; `ditgate diff` starts its own). `pristine` (CPU, the row worker only): the

@@ -110,9 +110,11 @@ def serve(job: dict, rank: int, local_rank: int, pristine=None) -> int:
             pristine = execute.load_pristine(model, local_rank=local_rank)
             once["load_s"] = pristine.load_s
         warmed = False  # warm-up once per rank process (job "warm_once"), not per row; a compiled row compiles
-        for data in job["rows"]:
+        for index, data in enumerate(job["rows"]):
             row = rows.from_mapping({k: v for k, v in data.items() if k != "world_size"})
             current["row"] = row.name
+            if pristine is not None and index == len(job["rows"]) - 1:
+                pristine.last_row()  # this rank ends after the row: it may run on the pristine pipeline itself
             calls = warm_calls(job["warmup"], row, warmed and job.get("warm_once", True))
             warmed = warmed or calls > 0
             outcome = execute.run_row(row, model, integration=integration, warmup=calls,

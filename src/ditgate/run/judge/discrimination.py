@@ -72,20 +72,49 @@ def check(phase: str, modality: str, reference: Any, perturbed: Any, size: float
     return {"passed": False, "detail": f"{what} passes the {phase} gate ({shown})"}
 
 
-def judge(state, base_name: str, checks: list, load, modality: str, **evaluate_kwargs: Any) -> None:
+def _content(arrays: dict[str, Any]) -> dict[str, str | None]:
+    """Each array's digest: dtype, shape and bytes (None for a missing one)."""
+    import hashlib
+
+    import numpy as np
+
+    found = {}
+    for name, array in arrays.items():
+        if array is None:
+            found[name] = None
+            continue
+        array = np.ascontiguousarray(array)
+        found[name] = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode() + array.tobytes()).hexdigest()
+    return found
+
+
+def judge(state, base_name: str, checks: list, load, modality: str, memo=None, **evaluate_kwargs: Any) -> None:
     """Record the power of the passing row `state`'s gate (`checks`: the sensitivity rows' states that ran, smallest
-    perturbation first) and fail the row when its gate rejects none of them; `load(name, key)` reads an array."""
+    perturbation first) and fail the row when its gate rejects none of them; `load(name, key)` reads an array.
+    `memo(inputs, compute)`: the result of `compute()` for these inputs, kept across runs when the run reuses stored
+    rows (the runner's: a check of a reused baseline against a reused sensitivity row is not measured again);
+    `inputs` names everything the check reads, the arrays by their content."""
     checks = [c for c in checks if c is not None and c.ran]
     if not (state.verdict and state.verdict["passed"] and checks):
         return
     fault_size, passed = sizes(evaluate_kwargs.get("gates"))[0], []
     for sensitivity in checks:  # the row's whole gate: its latent checks too (an exact phase's tensor rule)
         source = sensitivity.row.baseline or base_name  # what was perturbed: the plain baseline (not a tiled one)
-        latents = (load(source, "latents"), load(sensitivity.row.name, "latents"))
-        found = check(state.row.phase, modality, load(source, "output"), load(sensitivity.row.name, "output"),
-                      sensitivity.row.perturb, sample_rate=state.result.get("sample_rate"),
-                      latents=None if any(x is None for x in latents) else latents, noise=load(source, "noise"),
-                      **evaluate_kwargs)
+        arrays = {"reference": load(source, "output"), "perturbed": load(sensitivity.row.name, "output"),
+                  "latents": load(source, "latents"), "perturbed_latents": load(sensitivity.row.name, "latents"),
+                  "noise": load(source, "noise")}
+        latents = (arrays["latents"], arrays["perturbed_latents"])
+
+        def compute(size: float = sensitivity.row.perturb) -> dict[str, Any]:
+            return check(state.row.phase, modality, arrays["reference"], arrays["perturbed"], size,
+                         sample_rate=state.result.get("sample_rate"),
+                         latents=None if any(x is None for x in latents) else latents, noise=arrays["noise"],
+                         **evaluate_kwargs)
+
+        inputs = {"check": "discrimination", "phase": state.row.phase, "modality": modality,
+                  "size": sensitivity.row.perturb, "sample_rate": state.result.get("sample_rate"),
+                  "arrays": _content(arrays) if memo else None, "evaluate": evaluate_kwargs}
+        found = memo(inputs, compute) if memo else compute()
         if found["passed"]:
             break
         passed.append(found["detail"])

@@ -111,7 +111,8 @@ def judge_row(runner, state) -> None:
     state.reasons = ranked(state.verdict, state.reasons, record) if row.cache and row.phase == "cache" \
         else state.reasons
     discrimination.judge(state, base.row.name, [runner.states.get(FAULT_SIZE.name), runner.states.get(
-        SENSITIVITY.name)], load, modality, dtype=runner.model.dtype, floor=floor.get("used"), gates=gates)
+        SENSITIVITY.name)], load, modality, memo=runner.judged, dtype=runner.model.dtype, floor=floor.get("used"),
+        gates=gates)
     judge_also(state, runner.states, load, modality, dtype=runner.model.dtype, gates=gates,
                floor_of=lambda phase: floor_for(phase).get("used"))
     for proof in proofs.check(row, state.result["facts"], base.row, base.result["facts"]):

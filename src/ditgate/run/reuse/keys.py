@@ -126,3 +126,4 @@ def versions_of(run_dir: Path) -> dict[str, Any]:
 
 def home() -> Path:
     return Path(os.environ.get("DITGATE_HOME", Path.home() / ".cache" / "ditgate"))
+

@@ -138,6 +138,30 @@ class Store:
             return  # a store that cannot be written costs the next run time, never this run its result
         self.prune()
 
+    JUDGED_KEPT = 1000  # checks kept (a few hundred bytes each), the oldest out first
+
+    def judged(self, key: str) -> dict[str, Any] | None:
+        """A check's result stored under `key` (put_judged), or None (none, or not a sound one)."""
+        try:
+            found = json.loads((self.root / "judged" / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return found.get("result") if isinstance(found, dict) and found.get("key") == key and isinstance(
+            found.get("result"), dict) else None
+
+    def put_judged(self, key: str, result: dict[str, Any]) -> None:
+        """Keep a check's result under `key`: written whole or not at all; the oldest go beyond JUDGED_KEPT."""
+        if self.limit <= 0:
+            return
+        folder = self.root / "judged"
+        try:
+            files.write_json(folder / f"{key}.json", {"key": key, "result": result})
+            kept = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+            for old in kept[:max(0, len(kept) - self.JUDGED_KEPT)]:
+                old.unlink(missing_ok=True)
+        except (OSError, TypeError, ValueError):
+            return  # a store that cannot be written costs the next run time, never this run its result
+
     def size(self) -> int:
         """Bytes the store holds on disk (its entries)."""
         entries = self.root / "entries"
@@ -161,3 +185,23 @@ class Store:
                 break
             shutil.rmtree(folder, ignore_errors=True)
             total -= size
+
+
+def judged(cfg, run_dir: Path, inputs: dict[str, Any], compute) -> dict[str, Any]:
+    """The result of a check of stored outputs (`compute()`, a JSON-ready dict) measured once for `inputs`: kept in
+    the store under a key of `inputs` (the arrays by their content), ditgate's code and the run's library versions,
+    and read back by later runs that reuse (a run with --fresh measures it again)."""
+    from ditgate.run.reuse.keys import ditgate_code, versions_of
+
+    if not cfg.reuse:
+        return compute()
+    blob = json.dumps({"inputs": inputs, "ditgate": ditgate_code(), "versions": versions_of(run_dir)},
+                      sort_keys=True, default=str)
+    key = hashlib.sha256(blob.encode()).hexdigest()[:32]
+    store = Store()
+    found = store.judged(key)
+    if found is None:
+        found = compute()
+        store.put_judged(key, found)
+    return found
+
