@@ -1,4 +1,4 @@
-"""references/modular_pipeline.md's commands run as written, in full: every line of its `bash runnable` fences, on
+"""references/modular_pipeline.md's commands run as written, in full (the full tier): every line of its `bash runnable` fences, on
 the installed skill, from another folder (tests/test_skill_fences.py runs the expensive ones dry to stay fast).
 
 They cover the modular route end to end: zoo:flux3 (a Flux3ModularPipeline, no standard class) inspected and gated
@@ -31,6 +31,7 @@ def test_the_reference_shows_the_route():
         assert needed in texts, needed
 
 
+@pytest.mark.full  # ~55 s; test_skill_fences runs these lines dry in the fast tier
 @pytest.mark.parametrize("rel, line, text", MODULAR, ids=[f"{rel}:{line}" for rel, line, _ in MODULAR])
 def test_modular_command_runs_as_written(installed, rel, line, text, monkeypatch, capsys):
     from ditgate.cli import main

@@ -60,6 +60,7 @@ def _rows(report: dict) -> dict:
     return {r["name"]: r for r in report["rows"]}
 
 
+@pytest.mark.full  # 16 s of the fast tier; the twin-only run below stays fast
 def test_bf16_gates_pass_two_realistic_faults_the_twin_fails(deep_wan, tmp_path):
     report = _run(Model.open(deep_wan, dtype="bfloat16", steps=4), "cp-ulysses-2,tp-2", tmp_path / "run", FAULTS)
     got = _rows(report)

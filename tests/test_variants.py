@@ -26,6 +26,7 @@ def _run(out: Path, prompts: list[str], seeds: int, gates: Path | None = None, r
                progress=lambda line: None)
 
 
+@pytest.mark.full  # ~30 s of the fast tier; the variants' parsing and selection stay fast
 def test_each_gate_on_the_worst_case(tmp_path):
     out = tmp_path / "run"
     report = _run(out, ["a lighthouse on a cliff at dusk"], 1)  # one more case: the fast tier's budget

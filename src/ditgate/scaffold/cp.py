@@ -72,7 +72,7 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
     root = observed.roots.get(transformer, {})
     entries, notes, code = [], [], []
     at_root = {n: (_seq_dim(shape, lengths), len(shape)) for n, shape in root.items()}
-    at_root = {n: v for n, v in at_root.items() if v[0] is not None}
+    at_root = {n: v for n, v in at_root.items() if v[0] is not None and "mask" not in n.lower()}  # never the stream
     root_ok, why_not = _root_split_ok(observed, transformer)
     if any(root[n][d] == img for n, (d, _) in at_root.items()) and root_ok:
         notes.append(f"the transformer's own inputs carry the {img}-token sequence "
