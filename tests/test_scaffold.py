@@ -78,6 +78,22 @@ def test_joint_key_mask_is_put_in_the_order_ulysses_gathers_the_keys():
         [0, 1, 2, 6, 7, 3, 4, 5, 8, 9]
 
 
+def test_an_odd_joint_text_is_evened_by_one_more_padded_token():
+    from types import SimpleNamespace
+
+    from ditgate.scaffold.cp import even_text_call
+
+    def seen(text, joint=True):
+        return SimpleNamespace(anatomy=SimpleNamespace(sequence=SimpleNamespace(joint=joint, text_tokens=text)))
+
+    params = {"max_sequence_length": 256, "prompt": None}
+    assert even_text_call(seen(109), {"max_sequence_length": 32}, params) == {"max_sequence_length": 33}
+    assert even_text_call(seen(333), {}, params) == {"max_sequence_length": 257}  # the pipeline's default
+    assert even_text_call(seen(110), {"max_sequence_length": 33}, params) == {}  # already even
+    assert even_text_call(seen(109, joint=False), {}, params) == {}  # a cross-attended text is never split
+    assert even_text_call(seen(109), {}, {"prompt": None}) == {}  # no padding length to change
+
+
 def test_a_chained_pair_is_never_colwise_twice_and_a_fused_gated_pair_stays_whole():
     """inspect's TP rows: `mod_down` feeds `mod_up` (a chained modulation pair, as the trace records it): the first is
     kept whole. The scaffold shards neither the chain's first nor a fused gated pair."""
@@ -429,3 +445,18 @@ def test_dit_block_read_outside_the_loop_gets_it_from_the_functor(run_cli, tmp_p
                               "--out", tmp_path / "bare", "--json")
     (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
     assert code == 1 and row["status"] == "error" and "has no attribute 'norm1'" in row["reasons"][0], row["reasons"]
+
+
+@pytest.mark.full
+def test_an_odd_joint_text_gets_a_twin_call_where_cp_splits_it(run_cli, zoo_path, tmp_path):
+    """SD3 (a folder, so its rows run on its twin): 77 CLIP tokens + max_sequence_length T5 tokens attend jointly with
+    the image; at the folder's call (max_sequence_length 32) the 109 text tokens do not split over 2 ranks and
+    cp-ulysses-2 crashed on the survey. The scaffold gives the twin max_sequence_length 33 (110 tokens) and the row
+    passes; the plugin still names the user's uneven text NOT HANDLED."""
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", zoo_path("pipe/sd3"), "--out", out, "--rows", "cp-ulysses-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    assert "max_sequence_length=33" in err and "the 109 text tokens do not split evenly" in out.read_text()
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["request"]["call"]["max_sequence_length"] == 33

@@ -139,8 +139,21 @@ def test_a_kept_pipeline_is_the_one_a_load_gives(zoo_path, tmp_path):
     assert loader.load(folder, "bfloat16", "cpu").transformer.dtype == torch.bfloat16  # another dtype: not taken
     config = folder / "scheduler" / "scheduler_config.json"
     config.write_text(config.read_text().replace("{", '{"edited": 1, ', 1))
-    assert loader.load(folder, "float32", "cpu") is not None and warm.kept()  # changed folder: the kept one unused
-    warm.drop()
+    assert loader.load(folder, "float32", "cpu") is not None and not warm.kept()  # changed folder: not taken, let go
+    # a run in a process that runs commands one after another (a GPU command in the server) gives back its pristine
+    # pipeline, under the key taken before its load; the next load takes it once; any other load lets it go
+    load_key = warm.key(folder, torch.float32, None)
+    pipe = loader.load(folder, "float32", "cpu")
+    assert not warm.give_back(load_key, pipe) and not warm.kept()  # not such a process: nothing kept
+    warm.between_commands(True)
+    try:
+        assert warm.give_back(load_key, pipe) and loader.load(folder, "float32", "cpu") is pipe
+        assert loader.load(folder, "float32", "cpu") is not pipe
+        warm.give_back(load_key, pipe)
+        assert loader.load(folder, "bfloat16", "cpu") is not pipe and not warm.kept()
+    finally:
+        warm.between_commands(False)
+        warm.drop()
 
 
 @pytest.mark.full  # a server's start and three runs
@@ -164,6 +177,9 @@ def test_a_command_run_in_the_server_gives_the_fresh_result_and_gives_back_its_s
         for code, out, err in served:
             assert code == code_off, err
             assert _untimed(json.loads(out)) == _untimed(json.loads(own_run))
+        # the second run took the pipeline the first gave back (ditgate.core.warm): no load from the folder
+        loads = [json.loads(out)["time"]["load_s"] for _, out, _ in served]
+        assert loads[1] < 0.05 < loads[0], loads
         assert _done(_cli(env, "run", "zoo:flux", "--rows", "nope"))[0] == 2  # a user error, served: one line, 2
         assert _done(_cli(env, "serve", "--stop"))[0] == 0
         server.wait(timeout=60)
@@ -171,4 +187,5 @@ def test_a_command_run_in_the_server_gives_the_fresh_result_and_gives_back_its_s
         if server.poll() is None:
             server.kill()
         server.wait()
-    assert server.stderr.read().count("in the server: exit") == 3
+    log = server.stderr.read()
+    assert log.count("in the server: exit") == 3 and "for the next command that loads it" in log

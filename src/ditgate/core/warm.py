@@ -1,7 +1,9 @@
 """Pipelines a long-lived process keeps loaded for the commands it runs (`ditgate serve`).
 
 The server loads a command's pipeline once, in host memory, before it forks the command; the forked command finds
-it here and takes it instead of reading the folder again (`take`, called by `ditgate.core.loader.load`). A kept
+it here and takes it instead of reading the folder again (`take`, called by `ditgate.core.loader.load`). A command
+the server runs in its own process (a GPU command, or any with `--inline`) gives back the pristine pipeline its run
+loaded when it ends (`give_back`), on its device: the next command on the same folder, dtype and class takes it. A kept
 pipeline is the one a fresh load would give: it is keyed by everything a load reads (the folder's files by
 `folder_fingerprint`, the dtype, the pipeline class override) and it is never run or changed in the server, only in
 the forked command's copy-on-write copy of it. A folder whose files changed since is loaded again. Code from the
@@ -18,7 +20,8 @@ TEXT_SUFFIXES = {".json", ".yaml", ".yml", ".txt", ".py", ".model", ".jinja", ".
 TEXT_LIMIT = 4 << 20  # a "text" file larger than this is fingerprinted by size and time, like a weight file
 KEEP = 1  # pipelines kept at once: a large model's weights are held in host memory
 
-_kept: dict[tuple, Any] = {}  # key -> pipeline on the CPU, most recently kept last
+_kept: dict[tuple, Any] = {}  # key -> pipeline, most recently kept last
+_between_commands = False  # this process runs one command after another in itself (`between_commands`)
 
 
 def folder_fingerprint(folder: Path) -> str:
@@ -59,10 +62,32 @@ def keep(path: Path, dtype: Any, pipeline: str | None, pipe) -> None:
 
 def take(path: Path, dtype: Any, pipeline: str | None):
     """The kept pipeline for this load, handed over once (the next load in this process reads the folder), or
-    None."""
+    None. A load of anything else lets every kept pipeline go first (with the memory it holds on a GPU)."""
     if not _kept:
         return None
-    return _kept.pop(key(path, dtype, pipeline), None)
+    found = _kept.pop(key(path, dtype, pipeline), None)
+    if found is None:
+        drop()
+    return found
+
+
+def between_commands(on: bool) -> None:
+    """Say whether this process runs commands one after another in itself (`ditgate serve` running a GPU command,
+    or any with --inline): then a run gives back its pristine pipeline when it ends (`give_back`)."""
+    global _between_commands
+    _between_commands = on
+
+
+def give_back(load_key: tuple, pipe) -> bool:
+    """Keep `pipe`, a pipeline a finished run loaded under `load_key` (`key` taken before the load) and never ran or
+    changed (its rows ran on copies: ditgate.run.exec.isolation.Pristine), for the next command of this process to
+    take, where the process runs commands one after another (`between_commands`); False: not kept."""
+    if not _between_commands:
+        return False
+    while len(_kept) >= KEEP:
+        _kept.pop(next(iter(_kept)))
+    _kept[load_key] = pipe
+    return True
 
 
 def kept() -> list[tuple]:
@@ -70,5 +95,14 @@ def kept() -> list[tuple]:
 
 
 def drop() -> None:
-    """Forget every kept pipeline."""
+    """Forget every kept pipeline (and give back what a GPU held of them)."""
+    if not _kept:
+        return
     _kept.clear()
+    import gc
+    import sys
+
+    gc.collect()  # pipelines hold reference cycles: their memory goes only with a collection
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

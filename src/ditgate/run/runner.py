@@ -150,7 +150,7 @@ class Runner:
         self._calibrate()
         self._sensitivity()
         self._cache_off()
-        self._release()
+        self._release(keep=True)
         if twin is not None:
             self.twin_record = twin()
         return self.finish()
@@ -214,10 +214,15 @@ class Runner:
             self._load_due = self._pristine.load_s
         return self._pristine
 
-    def _release(self) -> None:
+    def _release(self, keep: bool = False) -> None:
+        """Let the pristine pipeline go; `keep` (the run's end): give it back to a process that runs commands one
+        after another (ditgate.core.warm), unless this is the twin's run."""
         if self._pristine is not None:
             self._pristine.release()
+            kept = keep and self.twin_record is None and self._pristine.give_back()
             self._pristine = None
+            if kept:
+                return
             gc.collect()
             if self.model.device.startswith("cuda"):
                 import torch

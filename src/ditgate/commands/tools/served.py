@@ -135,14 +135,21 @@ def inline(request: dict, fds: list[int], entry) -> int:
     """Run a command (a GPU command, or any with `ditgate serve --inline`) in the server's own process, on the
     client's streams, folder and environment, and put the server's back afterwards. A forked child cannot use CUDA
     once its parent's imports have initialised it (importing diffusers, transformers and cache-dit together does on
-    a GPU machine), so a GPU command is never forked; it runs to its end even when its client goes away."""
+    a GPU machine), so a GPU command is never forked; it runs to its end even when its client goes away. A run
+    gives back its pristine pipeline, never run or changed, when it ends (ditgate.core.warm.give_back): the next
+    command on the same folder, dtype and class takes it instead of loading (any other load, or a GPU worker group,
+    lets it go first)."""
     import gc
+
+    from ditgate.core import warm
 
     saved = [os.dup(target) for target in (0, 1, 2)]
     environ, cwd = dict(os.environ), os.getcwd()
+    warm.between_commands(True)  # the run gives back its pristine pipeline: the next command on it takes it
     try:
         return _as_client(request, fds, entry)
     finally:
+        warm.between_commands(False)
         for target, fd in zip((0, 1, 2), saved):
             os.dup2(fd, target)
             os.close(fd)
@@ -151,6 +158,9 @@ def inline(request: dict, fds: list[int], entry) -> int:
         os.environ.update(environ)
         gc.collect()
         _empty_cuda_cache()
+        for path, dtype, *_ in warm.kept():  # on the server's own stderr again
+            print(f"ditgate serve: keeping {path} loaded ({dtype.removeprefix('torch.')}, on the device its run "
+                  "used) for the next command that loads it", file=sys.stderr, flush=True)
 
 
 def _empty_cuda_cache() -> None:

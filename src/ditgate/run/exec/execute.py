@@ -179,10 +179,16 @@ def run_row(row: Row, model: Model, *, integration: Integration | None = None, w
 
 def load_pristine(model: Model, *, local_rank: int = 0) -> Pristine:
     """The pipeline of a run, loaded once in this process, for every row that runs here (see isolation.Pristine)."""
+    from ditgate.core import loader, warm
+
     device = _device_for_rank(model.device, local_rank)
+    # what it is loaded from, taken before the load: a process that runs commands one after another keeps it for the
+    # next (ditgate.core.warm.give_back); a folder changed since is read again
+    load_key = None if model.trust_remote_code else warm.key(model.path, loader.torch_dtype(model.dtype),
+                                                             model.pipeline)
     start = time.perf_counter()
     pipe = model.load(device)
-    return Pristine(pipe, device, load_s=time.perf_counter() - start)
+    return Pristine(pipe, device, load_s=time.perf_counter() - start, load_key=load_key)
 
 
 def _run_row(row: Row, model: Model, *, device: str, integration: Integration | None, warmup: int, repeats: int,

@@ -90,8 +90,8 @@ class Pristine:
     milliseconds), else it waits in host memory and each row copies it over. `resident_bytes` is what it keeps on
     the row's device (taken off the row's peak memory, so the peak is the row's own)."""
 
-    def __init__(self, pipe, device: str, load_s: float = 0.0):
-        self.pipe, self.device, self.load_s = pipe, device, load_s
+    def __init__(self, pipe, device: str, load_s: float = 0.0, load_key: tuple | None = None):
+        self.pipe, self.device, self.load_s, self.load_key = pipe, device, load_s, load_key
         self._handover = False  # `last_row`
         self.bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in _tensors_of(pipe)}.values())
         self.on_host = False
@@ -113,6 +113,13 @@ class Pristine:
         """Let the collector see the pipeline again (call before dropping the last reference to it)."""
         if self._thaw:
             gc.unfreeze()
+
+    def give_back(self) -> bool:
+        """Keep the pipeline, never run or changed, for the next command of a process that runs commands one after
+        another (ditgate.core.warm.give_back); False: not kept (the caller lets it go). Not after `last_row`."""
+        from ditgate.core import warm
+
+        return self.load_key is not None and self.pipe is not None and warm.give_back(self.load_key, self.pipe)
 
     @property
     def resident_bytes(self) -> int:

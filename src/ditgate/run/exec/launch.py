@@ -176,7 +176,11 @@ def run_group(job: dict[str, Any], world_size: int, *, timeout: float,
     # torchrun dies with this process (ditgate.run.exec.lifeline), and its ranks with torchrun
     cmd = lifeline.command(os.getpid(), [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                          f"--nproc_per_node={world_size}", "-m", module, str(job_file)])
-    if not str(job.get("model", {}).get("device", "cpu")).startswith("cuda"):
+    if str(job.get("model", {}).get("device", "cpu")).startswith("cuda"):
+        from ditgate.core import warm
+
+        warm.drop()  # the ranks need the GPU memory a pipeline kept for a later command holds (`ditgate serve`)
+    else:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU rank never sees a GPU
         env.setdefault("OMP_NUM_THREADS", cpu_threads(world_size))
         if _parent_used_cuda():
