@@ -78,6 +78,22 @@ def test_joint_key_mask_is_put_in_the_order_ulysses_gathers_the_keys():
         [0, 1, 2, 6, 7, 3, 4, 5, 8, 9]
 
 
+def test_an_odd_joint_text_is_evened_by_one_more_padded_token():
+    from types import SimpleNamespace
+
+    from ditgate.scaffold.cp import even_text_call
+
+    def seen(text, joint=True):
+        return SimpleNamespace(anatomy=SimpleNamespace(sequence=SimpleNamespace(joint=joint, text_tokens=text)))
+
+    params = {"max_sequence_length": 256, "prompt": None}
+    assert even_text_call(seen(109), {"max_sequence_length": 32}, params) == {"max_sequence_length": 33}
+    assert even_text_call(seen(333), {}, params) == {"max_sequence_length": 257}  # the pipeline's default
+    assert even_text_call(seen(110), {"max_sequence_length": 33}, params) == {}  # already even
+    assert even_text_call(seen(109, joint=False), {}, params) == {}  # a cross-attended text is never split
+    assert even_text_call(seen(109), {}, {"prompt": None}) == {}  # no padding length to change
+
+
 def test_a_chained_pair_is_never_colwise_twice_and_a_fused_gated_pair_stays_whole():
     """inspect's TP rows: `mod_down` feeds `mod_up` (a chained modulation pair, as the trace records it): the first is
     kept whole. The scaffold shards neither the chain's first nor a fused gated pair."""
@@ -336,7 +352,7 @@ def test_a_rope_learned_per_head_is_cut_to_each_ranks_heads_under_tp(run_cli, tm
 def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_off_departs(run_cli, tmp_path):
     """Chroma (zoo:pipe/chroma, diffusers' ChromaPipeline): its loop hands each block its own slice of the
     modulation table (`temb`), observed as block 1 getting another `temb` than block 0. The scaffold writes
-    PerBlockArguments, which records what each block is handed and gives it back under cache-dit's cached block
+    BlockLoop, which records what each block is handed and gives it back under cache-dit's cached block
     list: the cache row passes with caching off exactly equal to the baseline; the same plugin without the functor
     fails the cache row's caching-off check."""
     out = tmp_path / "chroma.py"
@@ -345,7 +361,7 @@ def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_o
     assert code == 0, err + stdout
     text = out.read_text()
     assert "`transformer_blocks`: block 1 was handed other ['temb'] than block 0 (observed)" in text
-    assert ("patch_functor=PerBlockArguments({\"transformer_blocks\": (['temb'], ['encoder_hidden_states', "
+    assert ("patch_functor=BlockLoop({\"transformer_blocks\": (['temb'], ['encoder_hidden_states', "
             "'hidden_states']), \"single_transformer_blocks\": (['temb'], ['hidden_states'])})") in text
     (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
     assert row["status"] == "passed" and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["verdict"]
@@ -407,3 +423,40 @@ def test_a_second_transformer_of_another_class_is_adapted_and_its_plans_refuse_i
         space["cp_plan"](other, None)
     with pytest.raises(NotImplementedError, match="no plan for OtherTransformer3DModel"):
         space["tp_plan"](other, None, None)
+
+
+@pytest.mark.full
+def test_dit_block_read_outside_the_loop_gets_it_from_the_functor(run_cli, tmp_path):
+    """DiT (zoo:pipe/dit, diffusers' DiTPipeline): the forward runs `transformer_blocks[0].norm1.emb` after the loop
+    (observed: called while block 0 was not running). The scaffold's BlockLoop hands cache-dit's wrapper, which
+    holds that place during a call, the block's `norm1`: the adapter is proven (caching off equals the baseline,
+    max-abs 0); without it the cache row errors on the missing attribute."""
+    out = tmp_path / "dit.py"
+    run_cli("scaffold", "zoo:pipe/dit", "--out", out, "--rows", "cache", "--run-dir", tmp_path / "run")
+    text = out.read_text()
+    assert "patch_functor=BlockLoop({}, outside={'transformer_blocks': [(0, 'norm1')]})" in text
+    assert "(observed: `transformer_blocks.0.norm1.emb` ran while block 0 was not running)" in text
+    (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
+    assert row["status"] in ("passed", "inconclusive") and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["status"]
+    bare = tmp_path / "dit_no_functor.py"
+    bare.write_text(text.replace(text[text.index(",\n                                  patch_functor="):
+                                      text.index("\n\n\ndef cp_plan")], ")"))
+    code, stdout, _ = run_cli("run", "zoo:pipe/dit", "--rows", "cache", "--twin", "off", "--integration", bare,
+                              "--out", tmp_path / "bare", "--json")
+    (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
+    assert code == 1 and row["status"] == "error" and "has no attribute 'norm1'" in row["reasons"][0], row["reasons"]
+
+
+@pytest.mark.full
+def test_an_odd_joint_text_gets_a_twin_call_where_cp_splits_it(run_cli, zoo_path, tmp_path):
+    """SD3 (a folder, so its rows run on its twin): 77 CLIP tokens + max_sequence_length T5 tokens attend jointly with
+    the image; at the folder's call (max_sequence_length 32) the 109 text tokens do not split over 2 ranks and
+    cp-ulysses-2 crashed on the survey. The scaffold gives the twin max_sequence_length 33 (110 tokens) and the row
+    passes; the plugin still names the user's uneven text NOT HANDLED."""
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", zoo_path("pipe/sd3"), "--out", out, "--rows", "cp-ulysses-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    assert "max_sequence_length=33" in err and "the 109 text tokens do not split evenly" in out.read_text()
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["request"]["call"]["max_sequence_length"] == 33

@@ -252,3 +252,14 @@ def _routing_code(observed: Observed, transformer: str, notes: list[str]) -> lis
         code += ["    if GATHER_ROUTING:",
                  f"        gather_routing(transformer, [block.{path} for block in {blocks}])"]
     return code
+
+
+def even_text_call(observed: Observed, call: dict, params: dict) -> dict:
+    """Call arguments for the twin under which CP splits a joint text evenly over 2 ranks: when the observed text
+    tokens are odd and the pipeline pads its text to `max_sequence_length` (SD3: 77 CLIP tokens + T5's), one more
+    than the observed call's (`call`, else the `__call__` default in `params`, parameter name -> default)."""
+    s = observed.anatomy.sequence
+    if not (s.joint and s.text_tokens and s.text_tokens % 2 and "max_sequence_length" in params):
+        return {}
+    used = call.get("max_sequence_length", params["max_sequence_length"])
+    return {"max_sequence_length": used + 1} if isinstance(used, int) and not isinstance(used, bool) else {}

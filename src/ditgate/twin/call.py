@@ -7,9 +7,9 @@ checks that it does.
 - Steps: 4 (fewer when the source's call has fewer), more when a transformer of the pipeline (Wan 2.2's
   `transformer_2`) takes fewer than 3 of them (`CACHE_STEPS`: a cache row's warm-up then covers its steps).
 - Guidance: a negative prompt where the call takes one (`NEGATIVE_PROMPT`).
-- Text: `max_sequence_length`, where the call takes one, a multiple of 16 holding what the text encoders see (a
-  chat template's system message too, counted by their attention masks) plus the prompt's tokens again (so the
-  prompt leaves padding), at most the pipeline's default; the prompt is the source call's or a short one.
+- Text: `max_sequence_length`, where the call takes one, a multiple of 16 at least twice the prompt's tokens (so
+  the prompt leaves padding), more where a chat template's system message fills that (`_max_sequence_length`), at
+  most the pipeline's default; the prompt is the source call's or a short one.
 - VAE tiling: arguments of `vae.enable_tiling` (or, for a VAE whose tile is its config's `sample_size`, that
   config key) with which the VAE decodes the call's latents in at least two tiles, counted by decoder calls.
 - Input dependence: two seeds give two different first transformer outputs (a twin whose transformer output is
@@ -144,25 +144,39 @@ def _prompt_tokens(pipe, prompt: str) -> int:
 
 
 def _max_sequence_length(folder: Path, pipe, choice: Choice, default: Any, pipeline, trust_remote_code) -> None:
-    """A multiple of 16 that holds what the text encoders see of the call (a system message included, counted by
-    their attention masks at the default length) plus the prompt's tokens again, so the prompt leaves padding; at
-    least 32 and at most the pipeline's default."""
+    """Twice the prompt's tokens (a multiple of 16, at least 32, at most the pipeline's default) where the text
+    encoders' masks then show padding (or none takes a mask). Where they do not (FLUX.2's chat template puts a
+    system message before the prompt: at 64 tokens the prompt was cut off), what they see at the default length
+    plus the prompt's tokens again, if padding shows there; else (a template longer than any length, as the
+    character-level stand-ins make HunyuanVideo's) the first length, which costs the least."""
     tokens = _prompt_tokens(pipe, str(choice.call.get("prompt", PROMPT)))
-    seen = None
-    if isinstance(default, int) and not isinstance(default, bool) and default > 0:
-        params = _params(pipe, choice.call)
-        small = {k: SIZES[0] for k in ("height", "width") if k in params}
-        if _frame_key(params):
-            small[_frame_key(params)] = FRAMES[0]
-        trial = Choice(call={**small, **choice.call, "max_sequence_length": default})  # small: only text is read
-        try:
-            seen = probe.text_tokens(pipe, _request(folder, trial, pipeline, trust_remote_code))
-        except Exception:  # noqa: BLE001 - the size search below says what fails; the prompt's count stands
-            seen = None
-    length = max(32, -(-(max(seen or 0, tokens) + tokens) // 16) * 16)
-    if isinstance(default, int) and not isinstance(default, bool) and default > 0:
-        length = min(length, default)
+    limit = default if isinstance(default, int) and not isinstance(default, bool) and default > 0 else None
+    length = max(32, -(-2 * tokens // 16) * 16)
+    length = min(length, limit) if limit else length
     choice.call["max_sequence_length"] = length
+    if not limit or length >= limit:
+        return
+    first = _text_probe(folder, pipe, choice, length, pipeline, trust_remote_code)
+    if not first or any(n < size for n, size in first):
+        return
+    widest = _text_probe(folder, pipe, choice, limit, pipeline, trust_remote_code)
+    if widest and any(n < size for n, size in widest):
+        seen = max(n for n, _ in widest)
+        choice.call["max_sequence_length"] = min(limit, -(-(seen + tokens) // 16) * 16)
+
+
+def _text_probe(folder: Path, pipe, choice: Choice, length: int, pipeline, trust_remote_code):
+    """What the text encoders' masks let through at `length` (`probe.text_tokens`), at the smallest size (only the
+    text is read); empty when the call fails there (the size search below says why)."""
+    params = _params(pipe, choice.call)
+    small = {k: SIZES[0] for k in ("height", "width") if k in params}
+    if _frame_key(params):
+        small[_frame_key(params)] = FRAMES[0]
+    trial = Choice(call={**small, **choice.call, "max_sequence_length": length})
+    try:
+        return probe.text_tokens(pipe, _request(folder, trial, pipeline, trust_remote_code))
+    except Exception:  # noqa: BLE001 - a call that fails here fails the size search, which names the error
+        return []
 
 
 def _request(folder: Path, choice: Choice, pipeline, trust_remote_code) -> request_mod.Request:

@@ -90,17 +90,18 @@ def call(pipe, req: request_mod.Request, seed: int = 0, short: bool = False) -> 
     return seen
 
 
-def text_tokens(pipe, req: request_mod.Request, seed: int = 0) -> int | None:
-    """The most tokens a text encoder's attention mask lets through on the call (a chat template's system message
-    included), read by a call stopped before the first transformer forward; None when no encoder took a mask."""
+def text_tokens(pipe, req: request_mod.Request, seed: int = 0) -> list[tuple[int, int]]:
+    """(tokens let through, input length) of each text encoder call that took an attention mask (a chat template's
+    system message counts), read by a call stopped before the first transformer forward: the prompt left padding
+    where the first is below the second."""
     import torch
 
-    seen: dict[str, int] = {}
+    seen: list[tuple[int, int]] = []
 
     def encoder_hook(module, args, kwargs):
         mask = kwargs.get("attention_mask")
         if isinstance(mask, torch.Tensor) and mask.dim() == 2:
-            seen["tokens"] = max(seen.get("tokens", 0), int(mask.sum(-1).max()))
+            seen.append((int(mask.sum(-1).max()), int(mask.shape[-1])))
 
     def stop(module, args, kwargs):
         raise _Stop()
@@ -117,7 +118,7 @@ def text_tokens(pipe, req: request_mod.Request, seed: int = 0) -> int | None:
     finally:
         for handle in handles:
             handle.remove()
-    return seen.get("tokens")
+    return seen
 
 
 @contextlib.contextmanager

@@ -45,15 +45,36 @@ def main(args: argparse.Namespace) -> int:
     print(f"plugin written to {args.out} ({time.perf_counter() - start:.0f} s)")
     if args.no_run:
         return 0
-    return _run_rows(args, model, start)
+    return _run_rows(args, model, start, observed)
 
 
-def _run_rows(args: argparse.Namespace, model, start: float) -> int:
+def _twin_call(args: argparse.Namespace, model, observed) -> dict:
+    """The call arguments the twin keeps: the user's, and a `max_sequence_length` under which CP splits an odd joint
+    text evenly (`scaffold.cp.even_text_call`), where the user gave none."""
+    import inspect
+
+    from ditgate.commands.model.twin import _given
+    from ditgate.core import loader
+    from ditgate.scaffold.cp import even_text_call
+
+    given = _given(args)
+    cls = loader.call_class(model.path, model.pipeline, model.trust_remote_code)
+    if cls is None or "max_sequence_length" in given:
+        return given
+    params = {n: p.default for n, p in inspect.signature(cls.__call__).parameters.items()}
+    extra = even_text_call(observed, model.request.call, params)
+    if extra:
+        print(f"scaffold: the twin's call takes max_sequence_length={extra['max_sequence_length']}, so that the "
+              f"{observed.anatomy.sequence.text_tokens} text tokens seen here (odd) become even and split over 2 ranks",
+              file=sys.stderr, flush=True)
+    return given | extra
+
+
+def _run_rows(args: argparse.Namespace, model, start: float, observed) -> int:
     import contextlib
     import time
 
     from ditgate import twin, zoo
-    from ditgate.commands.model.twin import _given
     from ditgate.core.model import Model
     from ditgate.run.define import rows
     from ditgate.run.report import run_report
@@ -67,7 +88,8 @@ def _run_rows(args: argparse.Namespace, model, start: float) -> int:
         print("scaffold: the float32 twin", file=sys.stderr, flush=True)
         with contextlib.redirect_stdout(sys.stderr):
             built = twin.cached(model.name, pipeline=model.pipeline, trust_remote_code=model.trust_remote_code,
-                                seed=model.request.seed, call=_given(args), frames=args.frames, quiet=True)
+                                seed=model.request.seed, call=_twin_call(args, model, observed), frames=args.frames,
+                                quiet=True)
         on_twin = Model.open(built.folder, pipeline=model.pipeline, trust_remote_code=model.trust_remote_code,
                              dtype="float32", device="cpu", seed=model.request.seed)
     cfg = RunConfig(model=on_twin, rows=rows.select(rows.DEFAULT_ROWS, args.rows), out=args.run_dir,
