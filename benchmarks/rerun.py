@@ -86,7 +86,6 @@ def main() -> int:
             diff += [f"{name}: {d}" for d in differences(first["report"], runs[name][1]["report"], a, runs[name][0])]
     chosen = [r for r in args.rows.split(",") if r]
     s1, s2 = summary(first, chosen), summary(second, chosen)
-    own = sum(v or 0.0 for v in s2["rows_generate_s"].values())
     size = store_bytes(store)
     print("| run | wall (s) | generations (s) | load (s) | the rows' own generation (s) | reused |")
     print("|---|---|---|---|---|---|")
@@ -101,6 +100,7 @@ def main() -> int:
     print(f"\nsecond / first (no server): {s2['wall_s'] / s1['wall_s']:.2f} (target <= 0.5)")
     if "server" in runs:
         s3 = shown[-1][1]
+        own = sum(v or 0.0 for v in s3["rows_generate_s"].values())  # that run's own generation of the rows
         print(f"second with server / first: {s3['wall_s'] / s1['wall_s']:.2f}; / its rows' own generation: "
               f"{s3['wall_s'] / own:.2f} (CPU target <= 2)" if own else "")
         if s3["generate_s"]:

@@ -339,7 +339,7 @@ def test_a_scaffolded_plugin_exports_with_its_helpers_and_proves_without_ditgate
     its router on the gathered sequence with helpers written into it (RoutedAttention, GatheredRouting, the
     switches they read). Exported, those helpers move into the planner module with the imports they use: the
     export's gate run, its proof without the file and its written test under pytest without ditgate pass, and no
-    written file imports ditgate. The PerBlockArguments functor the scaffold writes for Chroma moves into a functor
+    written file imports ditgate. The BlockLoop functor the scaffold writes for Chroma moves into a functor
     module that cache-dit's registry resolves in a process without ditgate."""
     plugin = tmp_path / "tinymoe_scaffolded.py"
     code, _, err = run_cli("scaffold", "zoo:tinymoe", "--out", plugin, "--no-run")
@@ -365,8 +365,8 @@ def test_a_scaffolded_plugin_exports_with_its_helpers_and_proves_without_ditgate
     tree = Tree.open(tree_dir)
     code_edits(tree, Source.read(chroma), Names.of("MyChromaPipeline", "MyChromaTransformer2DModel"))
     assert "cache_dit/caching/patch_functors/functor_mychroma.py" in tree.write()
-    probe = ("import sys\nfrom cache_dit.caching.patch_functors.functor_mychroma import PerBlockArguments\n"
-             "import cache_dit\nassert issubclass(PerBlockArguments, cache_dit.PatchFunctor)\n"
+    probe = ("import sys\nfrom cache_dit.caching.patch_functors.functor_mychroma import BlockLoop\n"
+             "import cache_dit\nassert issubclass(BlockLoop, cache_dit.PatchFunctor)\n"
              "print('ditgate' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tree_dir, env={"PYTHONPATH": str(tree_dir),
                          "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)

@@ -355,7 +355,7 @@ def test_a_rope_learned_per_head_is_cut_to_each_ranks_heads_under_tp(run_cli, tm
 def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_off_departs(run_cli, tmp_path):
     """Chroma (zoo:pipe/chroma, diffusers' ChromaPipeline): its loop hands each block its own slice of the
     modulation table (`temb`), observed as block 1 getting another `temb` than block 0. The scaffold writes
-    PerBlockArguments, which records what each block is handed and gives it back under cache-dit's cached block
+    BlockLoop, which records what each block is handed and gives it back under cache-dit's cached block
     list: the cache row passes with caching off exactly equal to the baseline; the same plugin without the functor
     fails the cache row's caching-off check."""
     out = tmp_path / "chroma.py"
@@ -364,7 +364,7 @@ def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_o
     assert code == 0, err + stdout
     text = out.read_text()
     assert "`transformer_blocks`: block 1 was handed other ['temb'] than block 0 (observed)" in text
-    assert ("patch_functor=PerBlockArguments({\"transformer_blocks\": (['temb'], ['encoder_hidden_states', "
+    assert ("patch_functor=BlockLoop({\"transformer_blocks\": (['temb'], ['encoder_hidden_states', "
             "'hidden_states']), \"single_transformer_blocks\": (['temb'], ['hidden_states'])})") in text
     (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
     assert row["status"] == "passed" and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["verdict"]
@@ -426,6 +426,28 @@ def test_a_second_transformer_of_another_class_is_adapted_and_its_plans_refuse_i
         space["cp_plan"](other, None)
     with pytest.raises(NotImplementedError, match="no plan for OtherTransformer3DModel"):
         space["tp_plan"](other, None, None)
+
+
+@pytest.mark.full
+def test_dit_block_read_outside_the_loop_gets_it_from_the_functor(run_cli, tmp_path):
+    """DiT (zoo:pipe/dit, diffusers' DiTPipeline): the forward runs `transformer_blocks[0].norm1.emb` after the loop
+    (observed: called while block 0 was not running). The scaffold's BlockLoop hands cache-dit's wrapper, which
+    holds that place during a call, the block's `norm1`: the adapter is proven (caching off equals the baseline,
+    max-abs 0); without it the cache row errors on the missing attribute."""
+    out = tmp_path / "dit.py"
+    run_cli("scaffold", "zoo:pipe/dit", "--out", out, "--rows", "cache", "--run-dir", tmp_path / "run")
+    text = out.read_text()
+    assert "patch_functor=BlockLoop({}, outside={'transformer_blocks': [(0, 'norm1')]})" in text
+    assert "(observed: `transformer_blocks.0.norm1.emb` ran while block 0 was not running)" in text
+    (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
+    assert row["status"] in ("passed", "inconclusive") and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["status"]
+    bare = tmp_path / "dit_no_functor.py"
+    bare.write_text(text.replace(text[text.index(",\n                                  patch_functor="):
+                                      text.index("\n\n\ndef cp_plan")], ")"))
+    code, stdout, _ = run_cli("run", "zoo:pipe/dit", "--rows", "cache", "--twin", "off", "--integration", bare,
+                              "--out", tmp_path / "bare", "--json")
+    (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
+    assert code == 1 and row["status"] == "error" and "has no attribute 'norm1'" in row["reasons"][0], row["reasons"]
 
 
 @pytest.mark.full

@@ -317,6 +317,7 @@ def test_each_of_two_transformers_takes_enough_steps_for_a_cache(run_cli, zoo_pa
     ("pipe/wan22", "two transformers: each takes its own steps"),
     ("pipe/hunyuanvideo", "two block lists, each cached with its first block computed"),
     ("pipe/chroma", "two block lists (Flux-like, no dummy blocks)"),
+    ("pipe/ovis", "two block lists (Flux-like, no dummy blocks)"),
     ("qwen-image", "no negative prompt in the source call: one call per step, cache-dit assumes two"),
 ])
 def test_a_cache_row_acts_on_a_twin_run_directly(run_cli, zoo_path, tmp_path, source, why):

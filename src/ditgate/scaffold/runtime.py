@@ -214,17 +214,19 @@ class _Recorder(torch.nn.Module):
         return out if len(out) > 1 else out[0]
 
 
-class PerBlockArguments(cache_dit.PatchFunctor):
-    """The loop hands each block of a list its own value of some arguments (`lists`: {list: (their names, the
-    stream inputs the block returns, in order)}); cache-dit's cached block list calls every block with the values
-    the loop computed for the first. On each call of the transformer this functor first runs its forward with
-    stand-in blocks that only record what the loop hands each block (no block runs), then runs it for real, each
-    block given the values recorded for it. Right while those values do not depend on what the blocks return (they
-    were observed to differ from block to block, not to follow the stream); the cache row's caching-off check
-    tells."""
+class BlockLoop(cache_dit.PatchFunctor):
+    """What the block loop does that cache-dit's cached block list does not (the list holds one wrapper during a
+    call, which calls every block with the values the loop computed for the first):
+    `lists` {list: (argument names, the stream inputs the block returns, in order)}: the loop hands each block its
+    own value of those arguments. On each call of the transformer the forward first runs with stand-in blocks that
+    only record what the loop hands each block (no block runs), then runs for real, each block given the values
+    recorded for it. Right while those values do not depend on what the blocks return (they were observed to differ
+    from block to block, not to follow the stream); the cache row's caching-off check tells.
+    `outside` {list: [(index, attribute)]}: the forward reads a block's sub-module outside the loop (DiT's
+    `transformer_blocks[0].norm1.emb`); during a call the wrapper in that place is given the block's sub-module."""
 
-    def __init__(self, lists):
-        self.lists = lists
+    def __init__(self, lists, outside=None):
+        self.lists, self.outside = lists, outside or {}
 
     @classmethod
     def is_from_diffusers(cls, transformer):
@@ -234,7 +236,7 @@ class PerBlockArguments(cache_dit.PatchFunctor):
         if getattr(transformer, "_is_patched", False):
             return transformer
         recorded = {name: [] for name in self.lists}
-        originals = {name: getattr(transformer, name) for name in self.lists}  # cache-dit swaps them during calls
+        originals = {name: getattr(transformer, name) for name in {*self.lists, *self.outside}}  # swapped in calls
         for name, (arguments, _) in self.lists.items():
             for index, block in enumerate(originals[name]):
                 block.forward = self._own(block, recorded[name], index, arguments)
@@ -242,6 +244,13 @@ class PerBlockArguments(cache_dit.PatchFunctor):
 
         @functools.wraps(forward)
         def patched(*args, **kwargs):
+            for name, reads in self.outside.items():
+                current = getattr(transformer, name)
+                for index, attribute in reads:
+                    if current is not originals[name] and index < len(current):
+                        object.__setattr__(current[index], attribute, getattr(originals[name][index], attribute))
+            if not self.lists:
+                return forward(*args, **kwargs)
             saved = {name: getattr(transformer, name) for name in self.lists}
             for name, (_, returns) in self.lists.items():
                 recorded[name].clear()

@@ -172,10 +172,33 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
             f"CP_SPLIT_DIMS = {{{body}}}"]
 
 
-def _functor(lists: list) -> tuple[str | None, list[str]]:
+def _outside(outside_calls: list[str], transformer: str, lists: list) -> tuple[dict[str, list], list[str]]:
+    """Block sub-modules the forward runs outside the loop (`transformer_blocks.0.norm1.emb`, observed called while
+    its block was not running): {list: [(index, attribute)]} for block 0 (the one place the cached list keeps)."""
+    reads, notes = {}, []
+    names = {b.attribute for b in lists}
+    for call in outside_calls:
+        parts = call.split(" ", 1)[0].split(".")
+        if len(parts) < 4 or parts[0] != transformer or parts[1] not in names or not parts[2].isdigit():
+            continue
+        found = (int(parts[2]), parts[3])
+        if found in reads.get(parts[1], []):
+            continue
+        if found[0]:
+            notes.append(f"NOT HANDLED: the forward reads `{'.'.join(parts[1:4])}` outside the loop; the cached list "
+                         "holds one wrapper in place of the blocks, so that block is not there during a call")
+            continue
+        reads.setdefault(parts[1], []).append(found)
+        notes.append(f"the forward reads `{'.'.join(parts[1:4])}` outside the loop (observed: `{'.'.join(parts[1:])}` "
+                     f"ran while block {found[0]} was not running); during a call the cached list holds one wrapper "
+                     "there: BlockLoop hands the wrapper that sub-module (without it the cache row errors)")
+    return reads, notes
+
+
+def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str | None, list[str]]:
     """The PatchFunctor the block loop needs, from what it was seen doing between block calls: per-block arguments
     (each block handed its own value, not the previous block's output) are recorded per call and handed back to
-    each block (`PerBlockArguments`); a stream the loop changes between blocks, or a module it calls there, is
+    each block (`BlockLoop`); a stream the loop changes between blocks, or a module it calls there, is
     named NOT HANDLED (the fix is the model's own loop moved into a functor by hand)."""
     entries, notes = [], []
     for b in lists:
@@ -198,9 +221,11 @@ def _functor(lists: list) -> tuple[str | None, list[str]]:
         entries.append(f'"{b.attribute}": ({b.per_block_arguments!r}, {returns!r})')
         notes.append(f"`{b.attribute}`: block 1 was handed other {b.per_block_arguments} than block 0 (observed), "
                      "while its stream inputs are the previous block's outputs; cache-dit's cached block list "
-                     "would hand every block the first one's: PerBlockArguments records each block's own per call "
+                     "would hand every block the first one's: BlockLoop records each block's own per call "
                      "and hands it back; without it the cache row's caching-off check departs from the baseline")
-    return ("PerBlockArguments({" + ", ".join(entries) + "})" if entries else None), notes
+    if not entries and not outside:
+        return None, notes
+    return "BlockLoop({" + ", ".join(entries) + "}" + (f", outside={outside!r}" if outside else "") + ")", notes
 
 
 def _adapter(a, by_t: dict[str, list], alike: list[str], functor: str | None = None,
@@ -290,7 +315,9 @@ def plugin_source(observed: Observed) -> str:
     classes = {c.name: c.cls for c in a.components.get("transformers", [])}
     shapes = {t: [(b.attribute, b.block_class) for b in ls] for t, ls in by_t.items()}
     alike = [t for t in by_t if classes.get(t) == classes.get(transformer) and shapes[t] == shapes[transformer]]
-    functor, functor_notes = _functor(lists)
+    outside, outside_notes = _outside(a.traits.outside_calls, transformer, lists)
+    functor, functor_notes = _functor(lists, outside)
+    functor_notes = outside_notes + functor_notes
     functor_notes += [f"NOT HANDLED: `{b.transformer}.{b.attribute}` ({b.length} x {b.block_class}) left out of the "
                       f"adapter, uncached: {b.pattern_reason}" for b in left]
     cache, guard = _adapter(a, by_t, alike, functor, functor_notes)
