@@ -294,6 +294,8 @@ _TABLES = {
                      'expected_dims=2, split_output=False), _ContextParallelInput(split_dim=0, expected_dims=2, '
                      'split_output=False)]},', "", "tuple"),
     # FLUX.2's joint RoPE is concatenated in forward from the text's and the image's positions: split both at the root
+    # AnyFlow's RoPE module returns a dict ({'query', 'key'}), which no CP plan entry splits: cut where it is made
+    "pipe/anyflow": ("    split_dict_output(transformer, transformer.rope, {'query': 2, 'key': 2})\n", "", "dict"),
     "pipe/flux2-klein": ('"img_ids": _ContextParallelInput(split_dim=1, expected_dims=3, split_output=False), '
                          '"txt_ids": _ContextParallelInput(split_dim=1, expected_dims=3, split_output=False)', "",
                          "joint"),
@@ -304,7 +306,8 @@ _TABLES = {
 @pytest.mark.parametrize("name", sorted(_TABLES))
 def test_per_token_tables_are_split_where_their_rows_follow_the_tokens(run_cli, tmp_path, name):
     """Each plugin passes cp-ulysses-2 (on the survey it crashed: a root split left LTX's RoPE whole, Stable Audio's
-    RoPE tuple was left whole, FLUX.2-klein's joint RoPE was not split at all); the plugin without that entry fails."""
+    RoPE tuple was left whole, FLUX.2-klein's joint RoPE was not split at all, AnyFlow's dict of RoPE tables reached
+    cache-dit's output split); the plugin without that entry fails."""
     entry, replacement, _ = _TABLES[name]
     out = tmp_path / "plugin.py"
     code, stdout, err = run_cli("scaffold", f"zoo:{name}", "--out", out, "--rows", "cp-ulysses-2",

@@ -114,9 +114,17 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         if body:
             entries.append(f'"{first.attribute}.0": {{{body}}}')
         made: dict[str, list[str]] = {}
+        keyed: dict[str, dict[str, int]] = {}  # module -> {key of its dict output: sequence dim}
         for t in _own(a.traits.per_block_tensors, transformer):
             if t.get("made_by") and t["shape"][t["dim"]] in lengths:
                 index = t["argument"].rsplit("[", 1)[1].rstrip("]") if "[" in t["argument"] else None
+                if index is not None and index[:1] in "'\"":  # a dict output: cache-dit's split takes no dict
+                    keyed.setdefault(t["made_by"], {})[index.strip("'\"")] = t["dim"]
+                    notes.append(f"`{t['argument']}` {t['shape']} reaches every block of `{t['list']}` with the "
+                                 f"sequence on dim {t['dim']}, in a dict made by `{t['made_by']}`: each entry cut to "
+                                 "this rank's share where it is made (split_dict_output; a CP plan entry cannot "
+                                 "split a dict)")
+                    continue
                 made.setdefault(t["made_by"], []).append(
                     (f"{index}: " if index is not None else "") +
                     SPLIT.format(dim=t["dim"], ndim=len(t["shape"]), out=True))
@@ -144,6 +152,8 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
             entries.append(f'"{first.attribute}.*": {{' + ", ".join(every_entries) + "}")
         for module, parts in made.items():
             entries.append(f'"{module}": {{' + ", ".join(p if ":" in p else f"0: {p}" for p in parts) + "}")
+        for module, dims in keyed.items():
+            code.append(f"    split_dict_output(transformer, transformer.{module}, {dims!r})")
         for table in s.per_token_tables:
             if "image + text" in table:
                 notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "

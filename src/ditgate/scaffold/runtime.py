@@ -137,6 +137,28 @@ def cut_head_tables(attn, heads, tp_mesh, names):
         attn.processor = processor
 
 
+class SplitDictOutput:
+    """A module whose output is a dict of per-token tables, each entry cut to this rank's share of the sequence
+    under CP (the contiguous chunk Ulysses gives this rank), as a CP plan entry would cut a tensor output."""
+
+    def __init__(self, transformer, module, dims):
+        self.transformer, self.forward, self.dims = transformer, module.forward, dims
+
+    def __call__(self, *args, **kwargs):
+        out = self.forward(*args, **kwargs)
+        cp = _cp_config_of(self.transformer)
+        if cp is None:
+            return out
+        group = cp._flattened_mesh.get_group()
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        return {k: v.chunk(world, dim=self.dims[k])[rank] if k in self.dims else v for k, v in out.items()}
+
+
+def split_dict_output(transformer, module, dims):
+    if not isinstance(module.forward, SplitDictOutput):
+        module.forward = SplitDictOutput(transformer, module, dims)
+
+
 class GatheredRouting:
     """Runs a router whose choices depend on the whole sequence (expert-choice) on the whole sequence under CP: its
     sequence-long inputs (dim 1) are gathered from the ranks, its output is cut back to this rank's share."""
