@@ -163,6 +163,7 @@ def markdown(records: list[dict], runs: list[dict]) -> str:
         notes = []
         if b.get("rc") not in (0, None):
             notes.append(f"build failed: {' '.join(b.get('error', []))}"[:300])
+        notes += [r["note"]] if r.get("note") else []  # written by hand into the JSON: what the numbers cannot say
         notes += [f"{row}: {why}" for row, why in r.get("rows_left_out", {}).items()]
         notes += [f"{row}: {v['reason']}" for row, v in run.get("rows", {}).items() if v.get("reason")]
         goal = GOAL.get(r["model"])

@@ -318,6 +318,8 @@ def test_each_of_two_transformers_takes_enough_steps_for_a_cache(run_cli, zoo_pa
     ("pipe/hunyuanvideo", "two block lists, each cached with its first block computed"),
     ("pipe/chroma", "two block lists (Flux-like, no dummy blocks)"),
     ("pipe/ovis", "two block lists (Flux-like, no dummy blocks)"),
+    ("pipe/lumina2", "refiner lists beside the main list: the main list keeps two"),
+    ("pipe/zimage", "refiner lists beside the main list: the main list keeps two"),
     ("qwen-image", "no negative prompt in the source call: one call per step, cache-dit assumes two"),
 ])
 def test_a_cache_row_acts_on_a_twin_run_directly(run_cli, zoo_path, tmp_path, source, why):
@@ -351,3 +353,15 @@ def test_a_denoiser_with_an_embedder_list_keeps_a_block_for_the_cache_to_skip():
     blocks = next(c for c in plan.cuts if c.path == "blocks")
     assert blocks.after == 2 and "skip" in blocks.why, blocks
     assert "condition_embedder.image_embedder.ff.net" in plan.whole
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("source, why", [
+    ("pipe/krea2", "a pipeline setting (model_index.json) names encoder layers: text_encoder_select_layers"),
+    ("pipe/cogvideox", "a text position table as long as the source call's max_sequence_length"),
+])
+def test_twins_the_survey_could_not_build(run_cli, zoo_path, tmp_path, source, why):
+    """The survey's 'no twin' rows: Krea2's index was refused ('not a [library, class] pair') and its select layers
+    then indexed past the cut encoder; CogVideoX 2B's twin failed at every size with its own text length."""
+    made = twin_json(run_cli, configs_only(zoo_path(source), tmp_path / "source"), tmp_path / "twin")
+    assert made["checks"]["output_change"] > 1e-3, why

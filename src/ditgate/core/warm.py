@@ -62,11 +62,13 @@ def keep(path: Path, dtype: Any, pipeline: str | None, pipe) -> None:
 
 def take(path: Path, dtype: Any, pipeline: str | None):
     """The kept pipeline for this load, handed over once (the next load in this process reads the folder), or
-    None. A load of anything else lets every kept pipeline go first (with the memory it holds on a GPU)."""
+    None. In a process that runs commands one after another (`between_commands`) a load of anything else lets every
+    kept pipeline go first, with the memory it holds on a GPU; a command forked from the server keeps it (its memory
+    is the server's, and a later load of the command may want it: a reduced-precision run loads its twin first)."""
     if not _kept:
         return None
     found = _kept.pop(key(path, dtype, pipeline), None)
-    if found is None:
+    if found is None and _between_commands:
         drop()
     return found
 

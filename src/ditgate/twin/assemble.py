@@ -57,11 +57,13 @@ def assemble(source: Source, staging: Path, final: Path, *, seed: int, log: Call
         summaries.append(summary)
     summaries.sort(key=lambda s: list(source.components).index(s["name"]))
     depths = [after for _, after in depths]
-    _write_index(source, staging, staging, rewrites)  # the checks below load the staging folder
-    _copy_root(source, staging)
     layer_args = text.rewrite_layer_args(needs.layer_args, min(depths)) if needs.layer_args and depths else {}
-    notes = [f"call argument {k} rewritten {needs.layer_args[k]} -> {v} for the twin's {min(depths)}-layer text "
-             "encoder" for k, v in layer_args.items()]
+    settings = text.rewrite_layer_args(needs.index_args, min(depths)) if needs.index_args and depths else {}
+    notes = [f"{what} {k} rewritten {old[k]} -> {v} for the twin's {min(depths)}-layer text encoder"
+             for what, old, new in (("call argument", needs.layer_args, layer_args),
+                                    ("pipeline setting", needs.index_args, settings)) for k, v in new.items()]
+    _write_index(source, staging, staging, rewrites, settings)  # the checks below load the staging folder
+    _copy_root(source, staging)
     given = dict(call or {})
     base = call_mod.base_call(dict(source.meta.get("call") or {}), layer_args, given,
                               negative="negative_prompt" in defaults)
@@ -69,7 +71,8 @@ def assemble(source: Source, staging: Path, final: Path, *, seed: int, log: Call
         base.pop("prompt", None)  # a class-conditioned pipeline (DiTPipeline takes class_labels)
     (staging / "ditgate.json").write_text(json.dumps({"call": base, "vae_tiling": {}}, indent=2) + "\n")
     choice = call_mod.choose(staging, base, pipeline=source.pipeline, trust_remote_code=source.trust_remote_code,
-                             log=log, given=frozenset(given), frames=frames)
+                             log=log, given=frozenset(given), frames=frames,
+                             source_length=(source.meta.get("call") or {}).get("max_sequence_length"))
     for key, value in choice.vae_config.items():
         vae = next((s for s in summaries if s["name"] == "vae"), None)
         if vae is not None and _source_value(source, "vae", key) != value:
@@ -83,7 +86,7 @@ def assemble(source: Source, staging: Path, final: Path, *, seed: int, log: Call
                         "output_change": choice.output_change},
                 notes=notes + choice.notes, pipeline=source.pipeline, trust_remote_code=source.trust_remote_code,
                 seed=seed, build_s=round(time.monotonic() - start, 1), format=FORMAT)
-    _write_index(source, staging, final, rewrites)
+    _write_index(source, staging, final, rewrites, settings)
     meta = {"modality": twin.modality, "call": twin.call, "vae_tiling": twin.vae_tiling, "twin": twin.to_dict()}
     (staging / "ditgate.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return twin
@@ -180,8 +183,10 @@ def _vae_knob(component: Component, config: dict[str, Any], what: str):
                        "changes": {k[0]: [config[k[0]], 1] for k in changes}, "before": before}
 
 
-def _write_index(source: Source, staging: Path, final: Path, rewrites: dict[str, str]) -> None:
+def _write_index(source: Source, staging: Path, final: Path, rewrites: dict[str, str],
+                 settings: dict[str, Any] | None = None) -> None:
     index = json.loads(json.dumps(source.index))
+    index.update(settings or {})
     for name, cls_name in rewrites.items():
         index[name] = [index[name][0], cls_name, *index[name][2:]]
     if source.modular:

@@ -84,9 +84,12 @@ def takes(pipeline_cls, name: str) -> bool:
 
 
 def choose(folder: Path, call: dict[str, Any], *, pipeline: str | None, trust_remote_code: bool,
-           log: Callable[[str], None], given: frozenset[str] = frozenset(), frames: int | None = None) -> Choice:
+           log: Callable[[str], None], given: frozenset[str] = frozenset(), frames: int | None = None,
+           source_length: int | None = None) -> Choice:
     """Fit `call` on the twin at `folder` (its ditgate.json is rewritten as the search goes) and check it. The
-    arguments named in `given` (and a `frames` count) are the user's: kept, not searched."""
+    arguments named in `given` (and a `frames` count) are the user's: kept, not searched. `source_length`: the
+    source call's max_sequence_length, tried when the chosen one fails at every size (a transformer whose text
+    position table is that long: the zoo's CogVideoX 2B layout)."""
     log("loading the twin to choose its call")
     pipe = loader.load(folder, "float32", "cpu", pipeline=pipeline, trust_remote_code=trust_remote_code)
     if hasattr(pipe, "set_progress_bar_config"):
@@ -95,7 +98,15 @@ def choose(folder: Path, call: dict[str, Any], *, pipeline: str | None, trust_re
     choice = Choice(call=dict(call))
     if "max_sequence_length" in params and "max_sequence_length" not in given:
         _max_sequence_length(folder, pipe, choice, params["max_sequence_length"], pipeline, trust_remote_code)
-    _size(folder, pipe, choice, params, pipeline, trust_remote_code, log, given, frames)
+    try:
+        _size(folder, pipe, choice, params, pipeline, trust_remote_code, log, given, frames)
+    except TwinError as exc:
+        chosen = choice.call.get("max_sequence_length")
+        if not isinstance(source_length, int) or chosen in (None, source_length) or "max_sequence_length" in given:
+            raise
+        choice.call["max_sequence_length"] = source_length
+        _size(folder, pipe, choice, params, pipeline, trust_remote_code, log, given, frames)
+        choice.notes.append(f"max_sequence_length {source_length}, the source call's: at {chosen} {exc}")
     req = _request(folder, choice, pipeline, trust_remote_code)
     log(f"whole call: {_describe(choice.call)}")
     whole, latents = _whole(pipe, req)

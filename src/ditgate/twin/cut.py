@@ -66,8 +66,8 @@ def plan(cls, library: Library, config: dict[str, Any], what: str, *, min_layers
     """The cut of the component `cls(config)`; `min_layers` is the fewest blocks a text model's main list keeps
     (hidden-state indices the pipeline reads, `need_reason` says which). A `denoiser` keeps two blocks of one list:
     a cache computes the first block of each list it caches (`Fn_compute_blocks=1`) and must have one behind it to
-    skip; of several lists, the top-level list whose block is smallest (only lists a config key counts are block
-    lists here: a feed-forward's `net` in an embedder is not one). A `text` encoder keeps its first `min_layers`
+    skip; of several lists, the longest top-level list, of those as long the one whose block is smallest (only lists
+    a config key counts are block lists here: a feed-forward's `net` in an embedder is not one). A `text` encoder keeps its first `min_layers`
     blocks of each text list (one or two layers: the pipeline reads its output, not each kind of block).
     `encoder_depths`: (source, twin) layer counts of the pipeline's text encoders, for a denoiser config that
     indexes their layers (`_encoder_layers`)."""
@@ -83,12 +83,15 @@ def plan(cls, library: Library, config: dict[str, Any], what: str, *, min_layers
     kept: dict[Path_, list[int]] = {}
     blocks = counted - shared  # the block lists: those a config key counts, none shared between counts
     top = [p for p in blocks if "." not in p]
-    cheapest = min(top, key=lambda p: count(lists[p][0])) if denoiser and len(blocks) > 1 and top else None
+    # the main list: the longest top-level one (a refiner's few blocks are not what a cache caches: Lumina2's and
+    # Z-Image's noise/context refiners), the smaller block between lists as long
+    main = min(top, key=lambda p: (-len(lists[p]), count(lists[p][0]))) if denoiser and len(blocks) > 1 and top \
+        else None
     for group in groups:
         textual = not any(part in _NOT_TEXT for k in group.key for part in k.lower().split("_"))
         need = min_layers if textual else 1
         why = need_reason
-        if denoiser and (len(blocks) == 1 or cheapest in group.lists):
+        if denoiser and (len(blocks) == 1 or main in group.lists):
             need, why = max(need, 2), "a cache computing the first block of a list has the second to skip"
         found = _cut_group(cls, library, current, current_model, source, group, need, what, why, shared,
                            first=text and textual)

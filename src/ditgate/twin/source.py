@@ -78,6 +78,8 @@ def read(model: str | Path, *, pipeline: str | None = None, trust_remote_code: b
     for name, entry in index.items():
         if name.startswith("_") or not isinstance(entry, (list, tuple)):
             continue
+        if not all(v is None or isinstance(v, str) for v in entry):
+            continue  # a pipeline setting that is a list (Krea2's text_encoder_select_layers [0, 1, 2]): kept as is
         if len(entry) != 2:
             raise TwinError(f"{path / 'model_index.json'}: component {name} is {entry!r}, not a [library, class] pair")
         source.components[name] = _component(path, name, entry, entry[0], entry[1], trust_remote_code)

@@ -33,6 +33,7 @@ class Needs:
     layers: int = 1  # the fewest layers each text encoder keeps
     reasons: list[str] = field(default_factory=list)
     layer_args: dict[str, Any] = field(default_factory=dict)  # call arguments that name encoder layers
+    index_args: dict[str, Any] = field(default_factory=dict)  # pipeline settings (model_index.json) that do
 
     @property
     def reason(self) -> str:
@@ -90,6 +91,13 @@ def needs(source, defaults: dict[str, Any]) -> Needs:
                 out.layers = max(out.layers, min(-value, _MAX_READ))
     if out.layer_args:
         out.reasons.append(f"the call names encoder layers ({', '.join(out.layer_args)})")
+    for name, value in ({} if source.modular else source.index).items():  # Krea2's text_encoder_select_layers
+        if "layer" in name.lower() and not name.startswith("_") and isinstance(value, list) and value \
+                and all(is_int(v) for v in value):
+            out.index_args[name] = list(value)
+            out.layers = max(out.layers, min(2, len(value)))
+    if out.index_args:
+        out.reasons.append(f"the pipeline's settings name encoder layers ({', '.join(out.index_args)})")
     return out
 
 
