@@ -463,3 +463,38 @@ def test_an_odd_joint_text_gets_a_twin_call_where_cp_splits_it(run_cli, zoo_path
     assert "max_sequence_length=33" in err and "the 109 text tokens do not split evenly" in out.read_text()
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["request"]["call"]["max_sequence_length"] == 33
+
+
+def test_the_text_order_is_read_from_the_processors_concatenation():
+    import inspect
+
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
+    from ditgate.scaffold.write import _text_first
+
+    assert _text_first(inspect.getsource(FluxAttnProcessor.__call__)) is True  # cat([encoder_query, query])
+    assert _text_first(inspect.getsource(JointAttnProcessor2_0.__call__)) is False  # cat([query, encoder_query])
+    assert _text_first("hidden = torch.cat([a, b], dim=1)") is None
+
+
+@pytest.mark.full
+def test_chroma_joint_mask_in_text_first_order_over_queries_and_keys(run_cli, tmp_path):
+    """Chroma's blocks hand their processor a [B, 1, S, S] mask over [text, image] (queries and keys); no padded key
+    is seen at the call, so the order comes from the processor's code (torch.cat([encoder_query, query])). Under
+    Ulysses the mask's rows and columns are put in the gathered order, the single-stream blocks using the text length
+    the joint blocks saw: cp-ulysses-2 passes (on the survey: latents off 0.117; cache-dit's own plan: 0.165); with
+    the text taken to come after the image it fails."""
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/chroma", "--out", out, "--rows", "cp-ulysses-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    text = out.read_text()
+    assert text.count("REORDER_MASK, text_first=True)") == 2 and "its processor's code concatenates the text" in text
+    plugin = tmp_path / "opposite.py"
+    plugin.write_text(text.replace("text_first=True)", "text_first=False)"))
+    code, _, _ = run_cli("run", "zoo:pipe/chroma", "--rows", "cp-ulysses-2", "--integration", plugin, "--dtype",
+                         "float32", "--out", tmp_path / "opposite", "-q")
+    (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
+              if r["name"] == "cp-ulysses-2"]
+    assert code == 1 and row["status"] in ("failed", "error"), row["status"]

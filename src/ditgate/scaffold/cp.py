@@ -234,10 +234,17 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str]) -> l
         pad = next((c["first_masked_key"] for c in calls if c.get("first_masked_key") is not None), None)
         text_first = pad is not None and a.sequence.text_tokens is not None and g.kv_len is not None and \
             pad < g.kv_len - a.sequence.text_tokens
-        notes.append(f"`{g.group}`: {why}; " + (
-            f"the text comes {'first' if text_first else 'after the image'} in the keys (the first padded key "
-            f"column observed is {pad} of {g.kv_len})" if pad is not None else
-            "no padded key was observed: the text is taken to come after the image in the keys"))
+        in_code = proc.get("text_first_in_code")
+        if pad is not None:
+            order = (f"the text comes {'first' if text_first else 'after the image'} in the keys (the first padded "
+                     f"key column observed is {pad} of {g.kv_len})")
+        elif in_code is not None:
+            text_first = in_code
+            order = (f"no padded key was observed; its processor's code concatenates the text "
+                     f"{'first' if in_code else 'after the image'} (torch.cat of its text and image projections)")
+        else:
+            order = "no padded key was observed: the text is taken to come after the image in the keys"
+        notes.append(f"`{g.group}`: {why}; {order}")
         attribute, _, path = g.group.partition(".*.")
         code.append(f"    route_attention([block.{path} for block in transformer.{attribute}], REORDER_MASK, "
                     f"text_first={text_first})")

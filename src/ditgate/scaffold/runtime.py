@@ -30,7 +30,10 @@ def _key_mask_in_gathered_order(mask, image_local, key_local, world, text_first)
             second = [image_local * world + i for i in range(r * text_local, (r + 1) * text_local)]
         order += first + second
     index = torch.tensor(order, device=mask.device)
-    return mask.index_select(-1, index)
+    mask = mask.index_select(-1, index)
+    if mask.shape[-2] == len(order):  # a mask over queries too (Chroma's [B, 1, S, S]): its rows in the same order
+        mask = mask.index_select(-2, index)
+    return mask
 
 
 class RoutedAttention:
@@ -41,6 +44,7 @@ class RoutedAttention:
     _attention_backend = None
     _cp_config = None
     _parallel_config = None
+    text_local = None  # this rank's text tokens, seen by the last block that took the text as its own stream
 
     def __init__(self, inner, reorder_mask=True, text_first=False, local=False):
         self.inner, self.reorder_mask, self.text_first, self.local = inner, reorder_mask, text_first, local
@@ -55,6 +59,9 @@ class RoutedAttention:
 
     def __call__(self, attn, *args, **kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
+        text = kwargs.get("encoder_hidden_states", args[1] if len(args) > 1 else None)
+        if torch.is_tensor(text) and torch.is_tensor(hidden) and text.ndim == hidden.ndim == 3:
+            RoutedAttention.text_local = text.shape[1]  # a later block over the concatenated stream reuses it
         cp = None if self.local else (self._cp_config or self._parallel_config)  # local: keys whole on every rank
 
         def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
@@ -62,7 +69,10 @@ class RoutedAttention:
             if attn_mask is not None and attn_mask.ndim == 2:
                 attn_mask = attn_mask[:, None, None, :]
             if cp is not None and attn_mask is not None and self.reorder_mask and cp.ulysses_degree > 1:
-                attn_mask = _key_mask_in_gathered_order(attn_mask, hidden.shape[1], key.shape[1], cp.ulysses_degree,
+                image_local = hidden.shape[1]
+                if image_local == key.shape[1] and RoutedAttention.text_local:  # one stream of [text, image] shares
+                    image_local -= RoutedAttention.text_local
+                attn_mask = _key_mask_in_gathered_order(attn_mask, image_local, key.shape[1], cp.ulysses_degree,
                                                         self.text_first)
             extra = key.shape[1] - query.shape[1]
             if cp is not None and extra > 0:  # cache-dit's Ulysses moves q, k and v with the query's shape: pad the

@@ -92,7 +92,7 @@ def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> N
                 "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
                                  for n in ("_parallel_config", "_cp_config")),
                 "routable": "dispatch_attention_fn" in namespace or "scaled_dot_product_attention" in code,
-                "divide": divide, "head_tables": [], "heads": heads}
+                "divide": divide, "head_tables": [], "heads": heads, "text_first_in_code": _text_first(code)}
 
             def tables(mod, args, kwargs, group=group, heads=heads):
                 for name, value in kwargs.items():
@@ -101,6 +101,16 @@ def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> N
                             isinstance(x, torch.Tensor) and x.ndim >= 3 and x.shape[-2] == heads for x in leaves):
                         group["head_tables"].append(name)
             handles.append(module.register_forward_pre_hook(tables, with_kwargs=True))
+
+
+def _text_first(code: str) -> bool | None:
+    """Whether a processor's code concatenates the text projection before the image one (`torch.cat([encoder_query,
+    query], dim=1)`: Flux, Chroma) or after it (SD3), read from its first `torch.cat` naming an `encoder_` tensor."""
+    for items in re.findall(r"torch\.cat\(\s*[\[(]([^\])]*)[\])]", code):
+        names = [n.strip() for n in items.split(",") if n.strip()]
+        if len(names) >= 2 and any(n.startswith("encoder_") for n in names):
+            return names[0].startswith("encoder_")
+    return None
 
 
 def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], chains: list[tuple[str, str]] = (),
