@@ -359,6 +359,7 @@ def test_a_denoiser_with_an_embedder_list_keeps_a_block_for_the_cache_to_skip():
 @pytest.mark.parametrize("source, why", [
     ("pipe/krea2", "a pipeline setting (model_index.json) names encoder layers: text_encoder_select_layers"),
     ("pipe/cogvideox", "a text position table as long as the source call's max_sequence_length"),
+    ("pipe/cogvideox-i2v", "the same, refused as 'a different resolution than the defaults'"),
 ])
 def test_twins_the_survey_could_not_build(run_cli, zoo_path, tmp_path, source, why):
     """The survey's 'no twin' rows: Krea2's index was refused ('not a [library, class] pair') and its select layers
