@@ -431,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     def one(entry: Entry) -> None:
         if not survey_one(entry, work, args, env, image_options):
             return  # the survey was stopped before this pipeline started
+        if not (args.scaffold or args.scaffold_only) and entry.name in before:
+            entry.scaffold = before[entry.name].scaffold  # a survey without the column keeps the last one's
         with lock:
             finished.append(entry)
             write(time.monotonic() - start)
