@@ -393,10 +393,6 @@ def main(argv: list[str] | None = None) -> int:
     def write(wall: float) -> str:
         merged = dict(before)
         merged.update({e.name: e for e in finished})
-        if not (args.scaffold or args.scaffold_only):  # --only without --scaffold: the last survey's scaffold column
-            for e in finished:
-                if not e.scaffold and e.name in before:
-                    e.scaffold = before[e.name].scaffold
         order = [e.name for e in entries(prefixes)]
         done = sorted(merged.values(), key=lambda e: order.index(e.name) if e.name in order else len(order))
         runs = [r for r in old["runs"] if not (args.collect and r.get("work") == str(work))] + [
