@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU validation on one H200: a FLUX.1-dev-config transformer with random bf16 weights, 1024x1024, 28 steps.
-#   bash benchmarks/gpu_h200.sh build|matrix1|matrix2|phases|profile|rerun|twin OUT_DIR
+#   bash benchmarks/gpu_h200.sh build|matrix1|matrix2|phases|profile|rerun|keep|twin OUT_DIR
 # Needs diffusers 0.42.1 and cache-dit 1.5.3 importable (the GPU image has torch, transformers and the rest).
 set -euo pipefail
 step=$1; out=$2; mkdir -p "$out"
@@ -24,6 +24,18 @@ case $step in
   rerun)   python3 benchmarks/rerun.py $model --build --rows cache --dtype bf16 --device cuda --warmup 1 --server \
              --out /tmp/fluxdev-rerun > "$out/rerun.txt" 2>&1 || true
            cp /tmp/fluxdev-rerun/rerun.json "$out/" 2>/dev/null || true; tail -15 "$out/rerun.txt" ;;
+  keep)    # two served runs in a row: the second takes the pristine pipeline the first gave back (its load_s)
+           python3 -m ditgate serve --idle 900 2> "$out/serve.txt" & sleep 1
+           until grep -q listening "$out/serve.txt"; do sleep 1; done
+           for k in 1 2; do
+             t0=$(date +%s%N)
+             python3 -m ditgate run $model --rows cache --dtype bf16 --device cuda --warmup 1 --twin off --fresh -q \
+               --out /tmp/fluxdev-keep$k >> "$out/keep.txt" 2>&1 || true
+             echo "served run $k: $(( ($(date +%s%N) - t0) / 1000000 )) ms from the command to its end" >> "$out/keep.txt"
+             python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['time']; print('run', sys.argv[2], 'load_s', t.get('load_s'), 'generate_s', t.get('generate_s'))" \
+               /tmp/fluxdev-keep$k/report.json $k >> "$out/keep.txt" 2>&1 || true
+           done
+           python3 -m ditgate serve --stop || true; cat "$out/keep.txt" ;;
   twin)    python3 benchmarks/twin_overhead.py $model --device cuda --dtype bf16 --rows cache,tp-2 --build \
              --out /tmp/twin_overhead > "$out/twin_overhead.txt" 2>&1 || true
            cp /tmp/twin_overhead/twin_overhead.json "$out/" 2>/dev/null || true; tail -12 "$out/twin_overhead.txt" ;;

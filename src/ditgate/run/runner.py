@@ -140,8 +140,8 @@ class Runner:
         self._calibrate(later)
         self._sensitivity(later)
         self._cache_off()
-        if self.model.device.startswith("cuda"):
-            self._release()  # the groups' ranks need the GPU memory
+        if self.model.device.startswith("cuda") and any(r.world_size > 1 for r in pending):
+            self._release()  # the groups' ranks need the GPU memory (with none, the run's end may keep it)
         pending = [r for r in pending if r.world_size == 1 or not self._reference_failed(r)]
         for size in sorted({r.world_size for r in pending if r.world_size > 1}):
             group = [r for r in pending if r.world_size == size]
@@ -172,9 +172,7 @@ class Runner:
         for state in [s for s in self.states.values() if s.ran]:
             row = twin(state.row, self.model.request.steps)
             if row is not None and row.name not in self.states:
-                self.states[row.name] = RowState(row)
-                done = _done(self.run_dir, row, self.cfg.resume)
-                self._record(self.states[row.name], done | {"resumed": True}) if done else self._run_in_process(row)
+                self._run_check(row)
 
     def _gated_modalities(self, later: list[Row] = ()) -> list[str | None]:
         """The modality of every gated row that ran, and the baseline's for the gated rows still to run (`later`)."""
@@ -194,14 +192,8 @@ class Runner:
 
         phases = [s.row.phase for s in self.states.values() if s.ran and s.row.phase] + [r.phase for r in later]
         for row in needed(phases, self._gated_modalities(later), self.model.dtype, self.gate_table()):
-            if row.name in self.states:
-                continue
-            self.states[row.name] = RowState(row)
-            done = _done(self.run_dir, row, self.cfg.resume)
-            if done:
-                self._record(self.states[row.name], done | {"resumed": True})
-            else:  # timed by nothing: no warm-up, one call
-                self._run_in_process(row, warmup=0, repeats=1)
+            if row.name not in self.states:
+                self._run_check(row, warmup=0, repeats=1)  # timed by nothing: no warm-up, one call
 
     def _pristine_pipeline(self):
         """The pipeline loaded once in this process; None with launch="per-row"."""
@@ -225,9 +217,7 @@ class Runner:
                 return
             gc.collect()
             if self.model.device.startswith("cuda"):
-                import torch
-
-                torch.cuda.empty_cache()
+                __import__("torch").cuda.empty_cache()  # the memory back to the GPU, not this process's cache
 
     def _calibrate(self, later: list[Row] = ()) -> None:
         """Run the calibration row when a gated row uses its floor (an audio row, or any row of a run in reduced
@@ -239,12 +229,13 @@ class Runner:
         if CALIBRATION.name in self.states or not any(
                 uses_floor(m, self.model.dtype, self.gate_table()) for m in self._gated_modalities(later)):
             return
-        self.states[CALIBRATION.name] = RowState(CALIBRATION)
-        done = _done(self.run_dir, CALIBRATION, self.cfg.resume)
-        if done:
-            self._record(self.states[CALIBRATION.name], done | {"resumed": True})
-        else:
-            self._run_in_process(CALIBRATION)
+        self._run_check(CALIBRATION)
+
+    def _run_check(self, row: Row, **counts: int) -> None:
+        """A row the verdicts use (calibration, sensitivity, caching off): resumed from the folder, or run here."""
+        self.states[row.name] = RowState(row)
+        done = _done(self.run_dir, row, self.cfg.resume)
+        self._record(self.states[row.name], done | {"resumed": True}) if done else self._run_in_process(row, **counts)
 
     def _run_in_process(self, row: Row, warmup: int | None = None, repeats: int | None = None) -> None:
         from ditgate.core import plugin

@@ -79,14 +79,7 @@ def call(pipe, req: request_mod.Request, seed: int = 0, short: bool = False) -> 
         for path, blocks in block_lists(transformer).items():
             handles.append(blocks[0].register_forward_pre_hook(_tokens_hook(seen, f"{name}.{path}"), with_kwargs=True))
         handles.append(transformer.register_forward_hook(_output_hook(seen, name, short)))
-    try:
-        with _modular_logs_off(short):
-            seen.result = invoke(pipe, req, seed)
-    except _Stop:
-        pass
-    finally:
-        for handle in handles:
-            handle.remove()
+    seen.result = _call_hooked(pipe, req, seed, handles, short)
     return seen
 
 
@@ -110,15 +103,20 @@ def text_tokens(pipe, req: request_mod.Request, seed: int = 0) -> list[tuple[int
     handles = [m.register_forward_pre_hook(encoder_hook, with_kwargs=True) for n, m in comps.items()
                if "encoder" in n and isinstance(m, torch.nn.Module)]
     handles += [t.register_forward_pre_hook(stop, with_kwargs=True) for t in transformers_of(pipe).values()]
+    _call_hooked(pipe, req, seed, handles, True)
+    return seen
+
+
+def _call_hooked(pipe, req: request_mod.Request, seed: int, handles: list, short: bool):
+    """The pipeline's call with `handles` hooked (removed after it); its result, or None where a hook stopped it."""
     try:
-        with _modular_logs_off(True):
-            invoke(pipe, req, seed)
+        with _modular_logs_off(short):
+            return invoke(pipe, req, seed)
     except _Stop:
-        pass
+        return None
     finally:
         for handle in handles:
             handle.remove()
-    return seen
 
 
 @contextlib.contextmanager
