@@ -279,8 +279,17 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str]) -> l
                      f"{'first' if in_code else 'after the image'} (torch.cat of its text and image projections)")
         else:
             order = "no padded key was observed: the text is taken to come after the image in the keys"
-        notes.append(f"`{g.group}`: {why}; {order}")
         attribute, _, path = g.group.partition(".*.")
+        s = a.sequence
+        if g.kind == "self" and not s.joint and s.text_tokens and g.kv_len and s.image_tokens \
+                and s.image_tokens < g.kv_len <= s.image_tokens + s.text_tokens:
+            notes.append(f"`{g.group}`: {why}; its keys ({g.kv_len}) are the {s.image_tokens} image tokens and text "
+                         "the processor joins per sample (Mochi's valid text), the text whole on every rank: each "
+                         "rank attends over every rank's image keys, gathered, and its own text keys, without "
+                         "Ulysses (gather_keys=True); Ulysses would gather the text once per rank")
+            code.append(f"    route_attention([block.{path} for block in transformer.{attribute}], gather_keys=True)")
+            continue
+        notes.append(f"`{g.group}`: {why}; {order}")
         code.append(f"    route_attention([block.{path} for block in transformer.{attribute}], REORDER_MASK, "
                     f"text_first={text_first})")
     return code

@@ -46,8 +46,9 @@ class RoutedAttention:
     _parallel_config = None
     text_local = None  # this rank's text tokens, seen by the last block that took the text as its own stream
 
-    def __init__(self, inner, reorder_mask=True, text_first=False, local=False):
+    def __init__(self, inner, reorder_mask=True, text_first=False, local=False, gather_keys=False):
         self.inner, self.reorder_mask, self.text_first, self.local = inner, reorder_mask, text_first, local
+        self.gather_keys = gather_keys  # keys [this rank's image share, the whole text]: gather the image part
         self.namespace = vars(sys.modules[type(inner).__module__])
 
         def call(attn, *args, **kwargs):
@@ -66,6 +67,16 @@ class RoutedAttention:
 
         def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
                    **ignored):
+            if cp is not None and self.gather_keys and attn_mask is None:  # every rank's image keys, its own text
+                group, image_local = cp._flattened_mesh.get_group(), hidden.shape[1]
+
+                def whole(x):
+                    parts = [torch.empty_like(x[:, :image_local]) for _ in range(dist.get_world_size(group))]
+                    dist.all_gather(parts, x[:, :image_local].contiguous(), group=group)
+                    return torch.cat([*parts, x[:, image_local:]], dim=1)
+
+                return _dispatch_attention_fn(query, whole(key), whole(value), dropout_p=dropout_p,
+                                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, cp_config=None)
             if attn_mask is not None and attn_mask.ndim == 2:
                 attn_mask = attn_mask[:, None, None, :]
             if cp is not None and attn_mask is not None and self.reorder_mask and cp.ulysses_degree > 1:
@@ -104,10 +115,10 @@ class RoutedAttention:
             owner[name] = original
 
 
-def route_attention(modules, reorder_mask=True, text_first=False, local=False):
+def route_attention(modules, reorder_mask=True, text_first=False, local=False, gather_keys=False):
     for attn in modules:
         if not isinstance(attn.processor, RoutedAttention):
-            routed = RoutedAttention(attn.processor, reorder_mask, text_first, local)
+            routed = RoutedAttention(attn.processor, reorder_mask, text_first, local, gather_keys)
             if hasattr(attn, "set_processor"):
                 attn.set_processor(routed)
             else:  # an attention class of its own without the setter (Mochi's)

@@ -177,6 +177,9 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
         found = [d for d in range(len(shape) - 1) if shape[d] == a.sequence.image_tokens]  # never the features
         dims[b.attribute] = 1 if not found or 1 in found else found[0]
         why.append(f"`{b.attribute}` returns {layout or 'an unobserved layout'}")
+        if len(b.outputs or []) == 2 and b.encoder_param and not a.sequence.joint:  # the text it returns stays whole
+            dims[b.attribute] = (dims[b.attribute], None)
+            why[-1] += ", its text whole on every rank (None)"
         if b.attribute in a.sequence.refiners:  # it runs before the split, on a whole part of the sequence
             dims[b.attribute] = None
             why[-1] += ", whole on every rank (it refines a part before the split: None)"
