@@ -106,6 +106,8 @@ class Sequence:
     per_token_tables: list[str] = field(default_factory=list)
     gather_candidates: list[str] = field(default_factory=list)
     hidden_made_by: str | None = None  # the module whose output is the first block's hidden states (the embedder)
+    block_list: str | None = None  # the block list the sequence was read from
+    refiners: list[str] = field(default_factory=list)  # single-stream lists run before it on a shorter part of it
     divisibility: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 

@@ -23,10 +23,11 @@ def analyse_sequence(record, lists: list[BlockList]) -> tuple[Sequence, int | No
     called.sort(key=lambda b: first_event.get(b.attribute, math.inf))
     if not called:
         return sequence, None
-    first = called[0]
+    refiners = _refiners(record, called)
+    first = next(b for b in called if b.attribute not in refiners)
+    sequence.block_list, sequence.refiners = first.attribute, refiners
     bound = record.lists[first.attribute].first_call.bound
-    h_param = _positional(first.signature)[0] if _positional(first.signature) else None
-    hidden = bound.get(h_param)
+    hidden = _hidden(record, first)
     batch = None
     if isinstance(hidden, torch.Tensor) and hidden.ndim == 3:
         batch, sequence.image_tokens = hidden.shape[0], hidden.shape[1]
@@ -37,6 +38,33 @@ def analyse_sequence(record, lists: list[BlockList]) -> tuple[Sequence, int | No
     sequence.attention_tokens = sequence.image_tokens
     _tables_and_gathers(record, sequence, hidden, text, first.attribute)
     return sequence, batch
+
+
+def _hidden(record, b):
+    """The first positional input of `b`'s first block on its first call."""
+    h_param = _positional(b.signature)[0] if _positional(b.signature) else None
+    return record.lists[b.attribute].first_call.bound.get(h_param)
+
+
+def _text_stream(record, b) -> bool:
+    bound = record.lists[b.attribute].first_call.bound
+    return bool(b.encoder_param) or getattr(bound.get(E), "ndim", 0) == 3
+
+
+def _refiners(record, called: list[BlockList]) -> list[str]:
+    """Block lists that refine one part of the sequence before the main blocks (Lumina2's and Z-Image's noise and
+    context refiners): run before a later list, without a text stream of their own, on a sequence shorter than
+    that later list's, which the forward concatenates from their outputs."""
+    out = []
+    for i, b in enumerate(called):
+        hidden = _hidden(record, b)
+        if _text_stream(record, b) or getattr(hidden, "ndim", 0) != 3:
+            break
+        later = [_hidden(record, c) for c in called[i + 1:]]
+        if not any(getattr(h, "ndim", 0) == 3 and h.shape[1] > hidden.shape[1] for h in later):
+            break
+        out.append(b.attribute)
+    return out
 
 
 def _leaves(value: Any):
@@ -58,7 +86,7 @@ def _tables_and_gathers(record, sequence: Sequence, hidden, text, first_list: st
 
     s_img, s_txt = sequence.image_tokens, sequence.text_tokens
     lengths = {n: what for n, what in ((s_img, "image"), (s_txt, "text"),
-                                       ((s_img or 0) + (s_txt or 0), "image + text")) if n}
+                                       ((s_img + s_txt) if s_img and s_txt else None, "image + text")) if n}
     events = record.events
     block_inputs = {id(t) for t in _leaves(record.lists[first_list].first_call.bound)}
     first_block = events.index(f"{first_list}.0") if f"{first_list}.0" in events else len(events)

@@ -30,7 +30,7 @@ def _leaves(value: Any, path: str = ""):
 def per_block_tensors(t_name: str, record, lists: list) -> list[dict[str, Any]]:
     """Tensors that reach every block of a list unchanged and have a dimension as long as the list's sequence."""
     found = []
-    made_by = {id(t): child for child, out in record.child_outputs.items() for _, t in _leaves(out)}
+    made_by = {id(t): (child, path) for child, out in record.child_outputs.items() for path, t in _leaves(out)}
     for b in lists:
         lr = record.lists.get(b.attribute)
         if lr is None or lr.first_call is None or b.length < 2:
@@ -50,13 +50,14 @@ def per_block_tensors(t_name: str, record, lists: list) -> list[dict[str, Any]]:
                 dims = [d for d in range(tensor.ndim - 1) if tensor.shape[d] in lengths]
                 if not dims:
                     continue
-                child = made_by.get(id(tensor))
+                child, output = made_by.get(id(tensor), (None, None))
                 how = (f"made by `{child}`: split its output there (split_output=True), or at `{b.attribute}.*`"
                        if child else f"built in forward, no module makes it: split it at `{b.attribute}.*`")
                 if interleaved(record):
                     how += f" where `{b.attribute}`'s sequence (dim 1) is the one split"
                 found.append({"list": f"{t_name}.{b.attribute}", "argument": param + leaf,
-                              "shape": list(tensor.shape), "dim": dims[0], "made_by": child, "action": how})
+                              "shape": list(tensor.shape), "dim": dims[0], "made_by": child, "action": how,
+                              "output": output})  # where in the module's output: "" (the output), "[3]", ...
     return found
 
 

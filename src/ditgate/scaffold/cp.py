@@ -118,6 +118,14 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         for t in _own(a.traits.per_block_tensors, transformer):
             if t.get("made_by") and t["shape"][t["dim"]] in lengths:
                 index = t["argument"].rsplit("[", 1)[1].rstrip("]") if "[" in t["argument"] else None
+                if index is None and (t.get("output") or "").startswith("["):  # one element of what it returns
+                    every.setdefault(t["argument"], {})[None] = SPLIT.format(dim=t["dim"], ndim=len(t["shape"]),
+                                                                              out=False)
+                    notes.append(f"`{t['argument']}` {t['shape']} reaches every block of `{t['list']}` with the "
+                                 f"sequence on dim {t['dim']}, as element {t['output']} of what `{t['made_by']}` "
+                                 f"returns (cache-dit's output split takes tensors only): split at every block "
+                                 f"(`{first.attribute}.*`)")
+                    continue
                 if index is not None and index[:1] in "'\"":  # a dict output: cache-dit's split takes no dict
                     keyed.setdefault(t["made_by"], {})[index.strip("'\"")] = t["dim"]
                     notes.append(f"`{t['argument']}` {t['shape']} reaches every block of `{t['list']}` with the "
@@ -169,11 +177,24 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
                      "gather there, so whatever the forward does after it (a per-token scale and shift) meets whole "
                      f"tensors; gathering later (at `{s.gather_candidates[-1]}`) is the other choice")
         entries.append(f'"{out}": _ContextParallelOutput(gather_dim=1, expected_dims=3)')
+    elif _last_list(a, transformer, first) and len(first.outputs or []) == 1 and entries \
+            and not entries[0].startswith('"": '):
+        last = f"{first.attribute}.{first.length - 1}"
+        notes.append(f"no module after the blocks keeps the sequence (the forward unpatchifies per sample): gather at "
+                     f"the output of the last block `{last}`, which returns the split stream alone")
+        entries.append(f'"{last}": _ContextParallelOutput(gather_dim=1, expected_dims=3)')
     else:
         notes.append("NOT HANDLED: no module after the blocks keeps the sequence; no gather point was observed")
     code += _attention_code(observed, transformer, notes)
     code += _routing_code(observed, transformer, notes)
     return entries, notes, code
+
+
+def _last_list(a, transformer: str, first) -> bool:
+    """Whether `first` is the only list of `transformer` the split sequence reaches (the others refine parts of it
+    before the split): no later list needs the split stream, so its last block may gather it."""
+    return all(b.attribute == first.attribute or b.attribute in a.sequence.refiners
+               for b in a.block_lists if b.transformer == transformer and b.called)
 
 
 def _blocks_expr(attribute: str, span_text: str | None, length: int) -> str:
@@ -209,6 +230,20 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str]) -> l
             code.append(f"    route_attention([block.{path} for block in transformer.{attribute}], local=True)")
             continue
         if g.transformer != transformer or g.kind not in ("self", "joint") or not g.calls:
+            continue
+        if g.group.partition(".*.")[0] in a.sequence.refiners:
+            why = (f"`{g.group}`: its list refines one part of the sequence before the split (the forward "
+                   "concatenates the parts after it): its attention runs whole on every rank")
+            attribute, _, path = g.group.partition(".*.")
+            if not proc.get("passes_cp"):
+                notes.append(why + ", unrouted (its processor has no CP config attribute)")
+            elif proc.get("routable"):
+                notes.append(why + ", without the CP config cache-dit sets on its processor (local=True); with it, "
+                             "Ulysses would gather a whole sequence from every rank")
+                code.append(f"    route_attention([block.{path} for block in transformer.{attribute}], local=True)")
+            else:
+                notes.append(f"NOT HANDLED: {why}, but its processor passes the CP config cache-dit sets on it and "
+                             "calls no `dispatch_attention_fn` the scaffold can route: write it to run without it")
             continue
         masked = g.kind == "joint" and g.mask
         uneven = g.kind == "joint" and g.q_len != g.kv_len

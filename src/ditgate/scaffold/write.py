@@ -177,6 +177,9 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
         found = [d for d in range(len(shape) - 1) if shape[d] == a.sequence.image_tokens]  # never the features
         dims[b.attribute] = 1 if not found or 1 in found else found[0]
         why.append(f"`{b.attribute}` returns {layout or 'an unobserved layout'}")
+        if b.attribute in a.sequence.refiners:  # it runs before the split, on a whole part of the sequence
+            dims[b.attribute] = None
+            why[-1] += ", whole on every rank (it refines a part before the split: None)"
     body = ", ".join(f'"{k}": {v}' for k, v in dims.items())
     return [f"# the dimension CP divides in what each block list returns ({'; '.join(why)})",
             f"CP_SPLIT_DIMS = {{{body}}}"]
@@ -331,7 +334,8 @@ def plugin_source(observed: Observed) -> str:
     functor_notes += [f"NOT HANDLED: `{b.transformer}.{b.attribute}` ({b.length} x {b.block_class}) left out of the "
                       f"adapter, uncached: {b.pattern_reason}" for b in left]
     cache, guard = _adapter(a, by_t, alike, functor, functor_notes)
-    entries, notes, code = _cp(observed, transformer, lists[0])
+    entries, notes, code = _cp(observed, transformer, next(
+        (b for b in lists if b.attribute == a.sequence.block_list), lists[0]))
     switches = _split_dims(a, transformer, lists)
     if any("REORDER_MASK" in c for c in code):
         switches.append("REORDER_MASK = True  # the joint key mask in Ulysses' gathered order (see cp_plan)")
