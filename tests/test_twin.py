@@ -366,3 +366,14 @@ def test_twins_the_survey_could_not_build(run_cli, zoo_path, tmp_path, source, w
     then indexed past the cut encoder; CogVideoX 2B's twin failed at every size with its own text length."""
     made = twin_json(run_cli, configs_only(zoo_path(source), tmp_path / "source"), tmp_path / "twin")
     assert made["checks"]["output_change"] > 1e-3, why
+
+
+def test_a_modular_folder_of_configs_alone_opens_for_its_twin(zoo_path, tmp_path):
+    """`ditgate twin` and `--twin only` need configs alone; a run of the model itself needs the weight files."""
+    from ditgate.core.errors import DitgateError
+    from ditgate.core.model import Model
+
+    source = configs_only(zoo_path("flux3"), tmp_path / "source")
+    with pytest.raises(DitgateError, match="components cannot load: .*transformer"):
+        Model.open(source)
+    assert Model.open(source, weights=False).is_modular

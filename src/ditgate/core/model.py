@@ -35,10 +35,12 @@ class Model:
     @classmethod
     def open(cls, name: str | os.PathLike, *, pipeline: str | None = None, trust_remote_code: bool = False,
              dtype: str = "auto", device: str = "auto", call: dict[str, Any] | None = None,
-             call_file: str | Path | None = None, request: Request | None = None, **named: Any) -> "Model":
+             call_file: str | Path | None = None, request: Request | None = None, weights: bool = True,
+             **named: Any) -> "Model":
         """Resolve `name` and its call. The request is the folder's ditgate.json, then `call_file`, then `call`,
         then the `named` values (prompt, height, width, frames, steps, seed, image; see ditgate.core.request.build),
-        fitted to the pipeline; or `request` as given, fitted. DitgateError on anything that cannot run."""
+        fitted to the pipeline; or `request` as given, fitted. DitgateError on anything that cannot run.
+        `weights=False`: a folder of configs alone is enough (a modular one's components need no weight files)."""
         from ditgate import zoo
         from ditgate.core import loader
 
@@ -66,7 +68,7 @@ class Model:
         else:
             fitted = request_mod.resolve(req, cls_)
             call_name = f"{cls_.__module__}.{cls_.__qualname__}"
-        modular.check(path, pipeline, trust_remote_code, fitted.call)
+        modular.check(path, pipeline, trust_remote_code, fitted.call, weights=weights)
         return cls(name=str(name), path=path, request=fitted, dtype=dtype, device=device, pipeline=pipeline,
                    trust_remote_code=trust_remote_code, is_modular=is_modular, call_class=call_name)
 

@@ -180,13 +180,14 @@ def load(path: Path, dtype: Any = None, device: str | None = "cpu", *, pipeline:
     return pipe
 
 
-def check(path: Path, pipeline: str | None, trust_remote_code: bool, call: dict[str, Any]) -> None:
-    """Before any row: a modular folder's blocks resolve, every component it names has its files, the request's
-    arguments are inputs of the blocks and the output to read is one they produce (configs only, no weights)."""
+def check(path: Path, pipeline: str | None, trust_remote_code: bool, call: dict[str, Any], weights: bool = True):
+    """Before any row: a modular folder's blocks resolve, every component it names has its files (`weights`: its
+    weight files too), the request's arguments are inputs of the blocks and the output to read is one they produce
+    (configs only, nothing loaded)."""
     if not wants_modular(Path(path), pipeline):
         return
     pipe = from_pretrained(Path(path), pipeline, trust_remote_code)
-    missing = _missing_files(Path(path), pipe)
+    missing = _missing_files(Path(path), pipe) if weights else []
     if missing:
         raise ModularLoadError(f"{type(pipe).__name__} at {path}: components cannot load: {'; '.join(missing)}")
     output_name(pipe, call)

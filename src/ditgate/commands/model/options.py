@@ -166,4 +166,5 @@ def model_from(args: argparse.Namespace, name: str | None = None):
     return Model.open(name or args.model, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
                       dtype=args.dtype, device=args.device, call=request_mod.parse_call_options(args.call),
                       call_file=args.call_file, prompt=args.prompt, height=args.height, width=args.width,
-                      frames=args.frames, steps=args.steps, seed=args.seed, image=args.image)
+                      frames=args.frames, steps=args.steps, seed=args.seed, image=args.image,
+                      weights=getattr(args, "twin", None) != "only")  # --twin only: the configs are enough

@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
     # the call the user fixed is fitted to the pipeline's signature before anything is built (a --frames the
     # pipeline does not take, a height that is a word): refused in one line, not after the build
     Model.open(args.model, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code, call=call,
-               frames=args.frames)
+               frames=args.frames, weights=False)
     made = twin.build(args.model, args.out, pipeline=args.pipeline, trust_remote_code=args.trust_remote_code,
                       seed=args.seed, call=call, frames=args.frames, overwrite=args.overwrite,
                       quiet=args.json)
