@@ -32,6 +32,15 @@ def _text_param(first, txt: int | None) -> str | None:
     return None
 
 
+def _text_mask(first, txt: int | None) -> str | None:
+    """The block input that masks the text: a [batch, text tokens] tensor whose name says mask."""
+    for name, summary in first.call["inputs"].items():
+        dims = re.match(r"tensor\[([\d, ]+)\]", summary or "")
+        if "mask" in name.lower() and dims and [int(x) for x in dims.group(1).split(",")][1:] == [txt]:
+            return name
+    return None
+
+
 def _own(tensors: list[dict[str, Any]], transformer: str) -> list[dict[str, Any]]:
     """The per-block tensors of `transformer`'s lists (another transformer of the pipeline has its own)."""
     return [t for t in tensors if t["list"].startswith(transformer + ".")]
@@ -167,6 +176,16 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
                 notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "
                              "split by its output; split the inputs it is made from")
     uneven = {n: v for n, v in (("image", img), ("text", txt if joint else None)) if v and v % 2}
+    mask = _text_mask(first, txt) if "text" in uneven and entries and entries[0].startswith(f'"{first.attribute}.0"') \
+        else None
+    if mask:
+        del uneven["text"]
+        notes.append(f"the {txt} text tokens do not split evenly over the ranks: under CP the text and its mask "
+                     f"`{mask}` get masked zero tokens up to a length the ranks divide (pad_text), the mask split with "
+                     "the text at every block; the routed attention gathers every rank's key mask in Ulysses' order")
+        code.append(f"    pad_text(transformer, transformer.{first.attribute}, (\"{_text_param(first, txt)}\", "
+                    f"\"{mask}\"), {txt})")
+        entries.append(f'"{first.attribute}.*": {{"{mask}": ' + SPLIT.format(dim=1, ndim=2, out=False) + "}")
     if uneven:
         notes.append("NOT HANDLED: " + ", ".join(f"the {v} {n} tokens" for n, v in uneven.items()) + " do not split "
                      "evenly over 2 ranks (cache-dit's split refuses them): choose a size or max_sequence_length "

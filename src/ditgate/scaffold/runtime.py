@@ -79,7 +79,17 @@ class RoutedAttention:
                                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, cp_config=None)
             if attn_mask is not None and attn_mask.ndim == 2:
                 attn_mask = attn_mask[:, None, None, :]
-            if cp is not None and attn_mask is not None and self.reorder_mask and cp.ulysses_degree > 1:
+            if cp is not None and attn_mask is not None and attn_mask.ndim == 4 and attn_mask.shape[-1] == key.shape[1] \
+                    and attn_mask.shape[-2] in (1, key.shape[1]) and cp.ulysses_degree > 1:
+                # a mask over this rank's own keys (its text mask split with the text): every rank's key mask,
+                # gathered in Ulysses' order ([image_0, text_0, image_1, text_1]), for the keys and the queries
+                group = cp._flattened_mesh.get_group()
+                keys = attn_mask.any(dim=-2, keepdim=True).contiguous()
+                parts = [torch.empty_like(keys) for _ in range(dist.get_world_size(group))]
+                dist.all_gather(parts, keys, group=group)
+                keys = torch.cat(parts, dim=-1)
+                attn_mask = keys & keys.transpose(-1, -2) if attn_mask.shape[-2] > 1 else keys
+            elif cp is not None and attn_mask is not None and self.reorder_mask and cp.ulysses_degree > 1:
                 image_local = hidden.shape[1]
                 if image_local == key.shape[1] and RoutedAttention.text_local:  # one stream of [text, image] shares
                     image_local -= RoutedAttention.text_local
@@ -113,6 +123,39 @@ class RoutedAttention:
             return self.inner(attn, *args, **kwargs)
         finally:
             owner[name] = original
+
+
+class PadText:
+    """Under CP, a joint text of `length` tokens the ranks do not divide gets masked zero tokens up to a length they
+    do, before cache-dit splits it: the text at the first block, the text mask at every block. A masked key weighs
+    nothing and the padded queries' outputs are never read (the text is dropped after the blocks)."""
+
+    def __init__(self, transformer, names, length):
+        self.transformer, self.names, self.length = transformer, names, length
+
+    def __call__(self, module, args, kwargs):
+        cp = _cp_config_of(self.transformer)
+        if cp is None:
+            return None
+        extra = -self.length % dist.get_world_size(cp._flattened_mesh.get_group())
+        params = list(inspect.signature(type(module).forward).parameters)[1:]
+        args = list(args)
+        for name in self.names:
+            i = params.index(name) if name in params else len(args)
+            value = kwargs.get(name, args[i] if i < len(args) else None)
+            if not (extra and torch.is_tensor(value) and value.ndim >= 2 and value.shape[1] == self.length):
+                continue
+            value = torch.cat([value, value.new_zeros(value.shape[0], extra, *value.shape[2:])], dim=1)
+            if i < len(args) and name not in kwargs:
+                args[i] = value
+            else:
+                kwargs[name] = value
+        return tuple(args), kwargs
+
+
+def pad_text(transformer, blocks, names, length):
+    for block in blocks:
+        block.register_forward_pre_hook(PadText(transformer, names, length), with_kwargs=True)
 
 
 def route_attention(modules, reorder_mask=True, text_first=False, local=False, gather_keys=False):

@@ -186,6 +186,11 @@ def _cp_list(name: str, key: str, row: Row, facts: dict[str, Any], got: list, re
     unit = "tokens" if dim == 1 else f"on dimension {dim}"
     if local == expected:
         return "split", f"{name}: {full} {unit} split into {local} per rank{said}"
+    # a stream the ranks do not divide, padded up to a length they do before the split (masked padding tokens)
+    padded = sum(-(-s[dim] * base_row.cp_size // row.cp_size) for s in theirs)
+    if local == padded and local != full and not float(expected).is_integer():
+        return "split", (f"{name}: {full} {unit} split into {local} per rank{said}, each stream padded to a length "
+                         f"the {row.cp_size} ranks divide")
     text = f"{name}: {local} {unit} per rank{said}, expected {expected:g} ({full} / {row.cp_size})"
     return ("whole" if mine == theirs else "bad"), text
 
