@@ -71,7 +71,7 @@ def ci_times(log: Path) -> str | None:
     if not (install and finished):
         return None
     return (f"`bash .ci/run` (log {log.name}): install {install.group(1)} s, tests {finished.group(1)} s, "
-            f"{finished.group(2)} s in all.")
+            f"{finished.group(2)} s in all")
 
 
 def block(counts: dict[str, int], times: dict[str, dict[str, float]], ci: str | None) -> str:
