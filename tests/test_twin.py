@@ -377,3 +377,14 @@ def test_a_modular_folder_of_configs_alone_opens_for_its_twin(zoo_path, tmp_path
     with pytest.raises(DitgateError, match="components cannot load: .*transformer"):
         Model.open(source)
     assert Model.open(source, weights=False).is_modular
+
+
+@pytest.mark.full
+def test_a_forward_that_pairs_its_blocks_gets_a_deeper_cut(run_cli, zoo_path, tmp_path):
+    """Hunyuan-DiT's blocks push a skip in the first half and pop it in the second: an odd block count (the fewest
+    that keep both kinds) fails its own forward ('pop from empty list'); the twin tries deeper cuts until its call
+    runs, and says so."""
+    made = twin_json(run_cli, configs_only(zoo_path("pipe/hunyuandit"), tmp_path / "source"), tmp_path / "twin")
+    blocks = config(tmp_path / "twin", "transformer")["num_layers"]
+    assert blocks % 2 == 0 and blocks > 3, blocks
+    assert any("the call failed on the fewest" in note for note in made["notes"]), made["notes"]

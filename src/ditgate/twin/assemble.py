@@ -22,6 +22,7 @@ from ditgate.twin.source import WEIGHT_SUFFIXES, Component, Source
 from ditgate.twin.summary import Twin
 
 FORMAT = 4  # bump when what a twin holds changes: cached twins are then built again
+DEEPER_TRIES = 3  # cuts tried when the twin's call fails at every size: the fewest blocks, then one and two more
 MAX_TWIN_PARAMS = 20 * 10**9  # 80 GB of float32: more than a twin of any released model holds
 
 
@@ -34,45 +35,24 @@ def assemble(source: Source, staging: Path, final: Path, *, seed: int, log: Call
     needs = text.needs(source, defaults)
     encoders = text.encoders(source)
     stand_ins, rewrites, vocab = _tokenizers(source, staging, log)
-    summaries, depths, total = [], [], 0
-    # text encoders first: a denoiser config may index their layers (cut.plan's encoder_depths); index order kept
-    order = sorted(source.components.items(), key=lambda item: item[0] not in encoders)
-    for name, component in order:
-        summary: dict[str, Any] = {"name": name, "class": component.class_name}
-        if component.kind == "none":
-            summary.update(action="absent", why="the index names no class")
-        elif component.kind == "config":
-            if component.folder is not None:
-                weights.copy_folder(component.folder, staging / name)
-            summary.update(action="copied", why="configuration files")
-        elif component.kind == "tokenizer":
-            summary.update(stand_ins.get(name) or {"action": "copied", "why": "its tokenizer files (vocabulary kept)"})
-        else:
-            summary.update(_model(component, staging / name, seed, vocab.get(name), needs,
-                                  name in encoders, depths, log))
-            total += summary["params"]
-            if total > MAX_TWIN_PARAMS:
-                raise TwinError(f"the twin would hold over {MAX_TWIN_PARAMS:.0e} parameters by {name}: its widths "
-                                "are beyond any real model (a config that lies?)")
-        summaries.append(summary)
-    summaries.sort(key=lambda s: list(source.components).index(s["name"]))
-    depths = [after for _, after in depths]
-    layer_args = text.rewrite_layer_args(needs.layer_args, min(depths)) if needs.layer_args and depths else {}
-    settings = text.rewrite_layer_args(needs.index_args, min(depths)) if needs.index_args and depths else {}
-    notes = [f"{what} {k} rewritten {old[k]} -> {v} for the twin's {min(depths)}-layer text encoder"
-             for what, old, new in (("call argument", needs.layer_args, layer_args),
-                                    ("pipeline setting", needs.index_args, settings)) for k, v in new.items()]
-    _write_index(source, staging, staging, rewrites, settings)  # the checks below load the staging folder
-    _copy_root(source, staging)
     given = dict(call or {})
-    base = call_mod.base_call(dict(source.meta.get("call") or {}), layer_args, given,
-                              negative="negative_prompt" in defaults)
-    if "prompt" not in given and not call_mod.takes(source.pipeline_cls, "prompt"):
-        base.pop("prompt", None)  # a class-conditioned pipeline (DiTPipeline takes class_labels)
-    (staging / "ditgate.json").write_text(json.dumps({"call": base, "vae_tiling": {}}, indent=2) + "\n")
-    choice = call_mod.choose(staging, base, pipeline=source.pipeline, trust_remote_code=source.trust_remote_code,
-                             log=log, given=frozenset(given), frames=frames,
-                             source_length=(source.meta.get("call") or {}).get("max_sequence_length"))
+    for deeper in range(DEEPER_TRIES):
+        summaries, depths = _components(source, staging, seed, needs, encoders, stand_ins, vocab, log, deeper)
+        notes, settings, base = _index_and_call(source, staging, rewrites, needs, depths, given, defaults)
+        try:
+            choice = call_mod.choose(staging, base, pipeline=source.pipeline,
+                                     trust_remote_code=source.trust_remote_code, log=log, given=frozenset(given),
+                                     frames=frames,
+                                     source_length=(source.meta.get("call") or {}).get("max_sequence_length"))
+            break
+        except TwinError as exc:  # a forward that pairs its blocks by count (skips) fails on an odd cut: deeper
+            cut = any(s.get("action") == "cut" for s in summaries if s["name"].startswith("transformer"))
+            if not cut or deeper + 1 == DEEPER_TRIES or "fails at every size" not in str(exc):
+                raise
+            log(f"the call fails on this cut ({one_line(exc)}): the denoiser's block lists kept one block deeper")
+    if deeper:
+        notes.append(f"the denoiser's block lists keep {deeper} block{'s' * (deeper > 1)} more than the fewest that "
+                     "keep every kind: the call failed on the fewest (a forward that pairs its blocks by count)")
     for key, value in choice.vae_config.items():
         vae = next((s for s in summaries if s["name"] == "vae"), None)
         if vae is not None and _source_value(source, "vae", key) != value:
@@ -90,6 +70,53 @@ def assemble(source: Source, staging: Path, final: Path, *, seed: int, log: Call
     meta = {"modality": twin.modality, "call": twin.call, "vae_tiling": twin.vae_tiling, "twin": twin.to_dict()}
     (staging / "ditgate.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return twin
+
+
+def _components(source: Source, staging: Path, seed: int, needs, encoders, stand_ins, vocab, log, deeper: int):
+    """Every component cut and rebuilt, copied or stood in for (`deeper`: see cut.plan); their summaries in the
+    index's order and the text encoders' (before, after) depths."""
+    summaries, depths, total = [], [], 0
+    # text encoders first: a denoiser config may index their layers (cut.plan's encoder_depths); index order kept
+    order = sorted(source.components.items(), key=lambda item: item[0] not in encoders)
+    for name, component in order:
+        summary: dict[str, Any] = {"name": name, "class": component.class_name}
+        if component.kind == "none":
+            summary.update(action="absent", why="the index names no class")
+        elif component.kind == "config":
+            if component.folder is not None:
+                weights.copy_folder(component.folder, staging / name)
+            summary.update(action="copied", why="configuration files")
+        elif component.kind == "tokenizer":
+            summary.update(stand_ins.get(name) or {"action": "copied", "why": "its tokenizer files (vocabulary kept)"})
+        else:
+            summary.update(_model(component, staging / name, seed, vocab.get(name), needs, name in encoders, depths,
+                                  log, deeper if name.startswith("transformer") else 0))
+            total += summary["params"]
+            if total > MAX_TWIN_PARAMS:
+                raise TwinError(f"the twin would hold over {MAX_TWIN_PARAMS:.0e} parameters by {name}: its widths "
+                                "are beyond any real model (a config that lies?)")
+        summaries.append(summary)
+    summaries.sort(key=lambda s: list(source.components).index(s["name"]))
+    return summaries, [after for _, after in depths]
+
+
+def _index_and_call(source: Source, staging: Path, rewrites, needs, depths: list[int], given: dict[str, Any],
+                    defaults):
+    """The staging folder's index, root files and first ditgate.json (the call checks load it): the notes on
+    rewritten layer arguments, the pipeline settings written and the base call."""
+    layer_args = text.rewrite_layer_args(needs.layer_args, min(depths)) if needs.layer_args and depths else {}
+    settings = text.rewrite_layer_args(needs.index_args, min(depths)) if needs.index_args and depths else {}
+    notes = [f"{what} {k} rewritten {old[k]} -> {v} for the twin's {min(depths)}-layer text encoder"
+             for what, old, new in (("call argument", needs.layer_args, layer_args),
+                                    ("pipeline setting", needs.index_args, settings)) for k, v in new.items()]
+    _write_index(source, staging, staging, rewrites, settings)  # the checks load the staging folder
+    _copy_root(source, staging)
+    base = call_mod.base_call(dict(source.meta.get("call") or {}), layer_args, given,
+                              negative="negative_prompt" in defaults)
+    if "prompt" not in given and not call_mod.takes(source.pipeline_cls, "prompt"):
+        base.pop("prompt", None)  # a class-conditioned pipeline (DiTPipeline takes class_labels)
+    (staging / "ditgate.json").write_text(json.dumps({"call": base, "vae_tiling": {}}, indent=2) + "\n")
+    return notes, settings, base
 
 
 def _tokenizers(source: Source, staging: Path, log):
@@ -129,7 +156,8 @@ def _config(component: Component) -> dict[str, Any]:
     return read_json(component.folder / "config.json", what)
 
 
-def _model(component: Component, out: Path, seed: int, tok, needs: text.Needs, is_encoder: bool, depths, log):
+def _model(component: Component, out: Path, seed: int, tok, needs: text.Needs, is_encoder: bool, depths, log,
+           deeper: int = 0):
     what = f"component {component.name}"
     config = _config(component)
     notes = []
@@ -147,7 +175,7 @@ def _model(component: Component, out: Path, seed: int, tok, needs: text.Needs, i
         plan = cut_mod.plan(component.cls, component.library, config, what,
                             min_layers=needs.layers if is_encoder else 1, need_reason=needs.reason,
                             denoiser=component.name.startswith("transformer"), encoder_depths=list(depths),
-                            text=is_encoder)
+                            text=is_encoder, deeper=deeper)
         config = plan.config
         summary.update(cuts=[c.to_dict() for c in plan.cuts], params_source=plan.params_source,
                        changes={k: list(v) for k, v in plan.changes.items()}, whole_lists=plan.whole)

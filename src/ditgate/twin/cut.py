@@ -62,13 +62,15 @@ class _Group:
 
 def plan(cls, library: Library, config: dict[str, Any], what: str, *, min_layers: int = 1,
          need_reason: str = "", denoiser: bool = False, encoder_depths: list[tuple[int, int]] | None = None,
-         text: bool = False) -> Plan:
+         text: bool = False, deeper: int = 0) -> Plan:
     """The cut of the component `cls(config)`; `min_layers` is the fewest blocks a text model's main list keeps
     (hidden-state indices the pipeline reads, `need_reason` says which). A `denoiser` keeps two blocks of one list:
     a cache computes the first block of each list it caches (`Fn_compute_blocks=1`) and must have one behind it to
     skip; of several lists, the longest top-level list, of those as long the one whose block is smallest (only lists
     a config key counts are block lists here: a feed-forward's `net` in an embedder is not one). A `text` encoder keeps its first `min_layers`
-    blocks of each text list (one or two layers: the pipeline reads its output, not each kind of block).
+    blocks of each text list (one or two layers: the pipeline reads its output, not each kind of block). `deeper`:
+    a denoiser's lists keep that many blocks more than the fewest that keep their kinds (a call failed on those: a
+    forward that pairs its blocks by count, as Hunyuan-DiT's skips do, needs an even count).
     `encoder_depths`: (source, twin) layer counts of the pipeline's text encoders, for a denoiser config that
     indexes their layers (`_encoder_layers`)."""
     source = on_meta(cls, library, config, what)
@@ -94,7 +96,7 @@ def plan(cls, library: Library, config: dict[str, Any], what: str, *, min_layers
         if denoiser and (len(blocks) == 1 or main in group.lists):
             need, why = max(need, 2), "a cache computing the first block of a list has the second to skip"
         found = _cut_group(cls, library, current, current_model, source, group, need, what, why, shared,
-                           first=text and textual)
+                           first=text and textual, deeper=deeper if denoiser else 0)
         if isinstance(found, str):
             for path in group.lists:
                 result.whole[path] = found
@@ -230,7 +232,7 @@ def _config_kinds(config: dict[str, Any], per_layer: list[Path_], index: list[Pa
 
 
 def _cut_group(cls, library, config, model, source, group: _Group, need: int, what: str, need_reason: str,
-               shared: set[str] = frozenset(), first: bool = False):
+               shared: set[str] = frozenset(), first: bool = False, deeper: int = 0):
     """(config, model, cuts, changes) of the first variant that rebuilds the kinds it should, or why none does.
 
     Variants, in order: the first block of each kind (boundary keys moved, then not); each leading run that holds
@@ -254,6 +256,8 @@ def _cut_group(cls, library, config, model, source, group: _Group, need: int, wh
     extended = ""
     if direct:
         keep = blocks_mod.cover(kinds)
+        if deeper:
+            need, need_reason = max(need, len(keep)) + deeper, "the twin's call failed with fewer"
         if len(keep) < need and need_reason:
             extended = f"; {min(need, n)} kept: {need_reason}"
         for i in range(n):
