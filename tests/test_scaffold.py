@@ -7,6 +7,11 @@ import pytest
 import torch
 
 
+def report_rows(run_dir) -> dict:
+    """The rows of a run's report.json by name."""
+    return {r["name"]: r for r in json.loads((run_dir / "report.json").read_text())["rows"]}
+
+
 def _load(path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -58,7 +63,7 @@ def test_flux_plugin_passes_its_rows_and_the_opposite_choice_fails_the_named_row
     code, _, _ = run_cli("run", twin_folder, "--rows", "cp-ulysses-2", "--integration", opposite,
                          "--out", tmp_path / "opposite", "-q")
     assert code == 1
-    rows = {r["name"]: r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]}
+    rows = report_rows(tmp_path / "opposite")
     assert rows["cp-ulysses-2"]["status"] != "passed"
 
 
@@ -128,7 +133,7 @@ def test_nucleusmoe_plugin_passes_and_each_opposite_choice_fails_the_named_row(r
     code, stdout, err = run_cli("scaffold", "zoo:pipe/nucleusmoe", "--out", out, "--run-dir", tmp_path / "run")
     assert code == 0, err + stdout
     text = out.read_text()
-    rows = {r["name"]: r["status"] for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"]}
+    rows = {name: r["status"] for name, r in report_rows(tmp_path / "run").items()}
     assert rows == {"baseline": "reference", "cache": "passed", "cp-ulysses-2": "passed", "tp-2": "passed"}, rows
     assert '"transformer_blocks.*": {"encoder_hidden_states": _ContextParallelInput(split_dim=1' in text
     assert "the other choice, text kept whole, is told apart by cp-ulysses-2" in text
@@ -171,8 +176,7 @@ def test_ltx_i2v_per_token_timestep_built_in_forward_is_split_at_every_block(run
     plugin.write_text(text.replace(entry, ""))
     code, _, _ = run_cli("run", "zoo:pipe/ltx-i2v", "--rows", "cp-ulysses-2", "--integration", plugin,
                          "--dtype", "float32", "--out", tmp_path / "temb_whole", "-q")
-    (row,) = [r for r in json.loads((tmp_path / "temb_whole" / "report.json").read_text())["rows"]
-              if r["name"] == "cp-ulysses-2"]
+    row = report_rows(tmp_path / "temb_whole")["cp-ulysses-2"]
     assert code == 1 and row["status"] in ("failed", "error"), row["status"]
 
 
@@ -194,8 +198,7 @@ def test_tinymoe_long_skip_is_split_where_the_stream_is_made(run_cli, tmp_path):
                                           'expected_dims=3, split_output=False)},\n'))
     code, _, _ = run_cli("run", "zoo:tinymoe", "--rows", "cp-ulysses-2", "--integration", plugin,
                          "--dtype", "float32", "--out", tmp_path / "block0", "-q")
-    (row,) = [r for r in json.loads((tmp_path / "block0" / "report.json").read_text())["rows"]
-              if r["name"] == "cp-ulysses-2"]
+    row = report_rows(tmp_path / "block0")["cp-ulysses-2"]
     assert code == 1 and row["status"] in ("failed", "error"), row["status"]
 
 
@@ -213,7 +216,7 @@ def test_wan22_plugin_adapts_both_experts_and_one_left_out_fails_naming_it(run_c
     assert "# transformer_2: 10 calls, steps 3-7, 2 per step (cond and uncond)" in text
     assert "transformer=[pipe.transformer, pipe.transformer_2]" in text and "NOT HANDLED" not in text
     assert "`transformer`, `transformer_2`: class WanTransformer3DModel, the same block lists" in text
-    rows = {r["name"]: r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"]}
+    rows = report_rows(tmp_path / "run")
     for name, feature in (("cache", "cache"), ("cp-ulysses-2", "cp"), ("tp-2", "tp")):
         proof = next(p for p in rows[name]["proofs"] if p["feature"] == feature)
         assert rows[name]["status"] == "passed" and proof["coverage"] == {"transformer": "acted",
@@ -325,8 +328,7 @@ def test_per_token_tables_are_split_where_their_rows_follow_the_tokens(run_cli, 
     plugin.write_text(opposite)
     code, _, _ = run_cli("run", f"zoo:{name}", "--rows", "cp-ulysses-2", "--integration", plugin, "--dtype",
                          "float32", "--out", tmp_path / "opposite", "-q")
-    (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
-              if r["name"] == "cp-ulysses-2"]
+    row = report_rows(tmp_path / "opposite")["cp-ulysses-2"]
     assert code == 1 and row["status"] in ("failed", "error"), row["status"]
 
 
@@ -346,8 +348,7 @@ def test_a_rope_learned_per_head_is_cut_to_each_ranks_heads_under_tp(run_cli, tm
     plugin.write_text(text.replace(line, ""))
     code, _, _ = run_cli("run", "zoo:pipe/mochi", "--rows", "tp-2", "--integration", plugin, "--dtype", "float32",
                          "--out", tmp_path / "opposite", "-q")
-    (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
-              if r["name"] == "tp-2"]
+    row = report_rows(tmp_path / "opposite")["tp-2"]
     assert code == 1 and row["status"] in ("failed", "error"), row["status"]
 
 
@@ -366,7 +367,7 @@ def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_o
     assert "`transformer_blocks`: block 1 was handed other ['temb'] than block 0 (observed)" in text
     assert ("patch_functor=BlockLoop({\"transformer_blocks\": (['temb'], ['encoder_hidden_states', "
             "'hidden_states']), \"single_transformer_blocks\": (['temb'], ['hidden_states'])})") in text
-    (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
+    row = report_rows(tmp_path / "run")["cache"]
     assert row["status"] == "passed" and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["verdict"]
     bare = tmp_path / "chroma_no_functor.py"
     functor = text[text.index(",\n                                  patch_functor="):text.index("\n\n\ndef cp_plan")]
@@ -400,7 +401,7 @@ def test_hidream_lists_no_pattern_fits_are_left_out_and_loop_work_is_named(run_c
     assert "NOT HANDLED: `double_stream_blocks` needs a PatchFunctor the scaffold does not write" in text
     assert "NOT HANDLED: `single_stream_blocks`: hidden_states changes between block 0 and block 1" in text
     assert "caption_projection]" not in text.split("def block_adapter")[1].split("def cp_plan")[0]
-    (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
+    row = report_rows(tmp_path / "run")["cache"]
     assert code == 1 and row["status"] != "passed"
 
 
@@ -439,7 +440,7 @@ def test_dit_block_read_outside_the_loop_gets_it_from_the_functor(run_cli, tmp_p
     text = out.read_text()
     assert "patch_functor=BlockLoop({}, outside={'transformer_blocks': [(0, 'norm1')]})" in text
     assert "(observed: `transformer_blocks.0.norm1.emb` ran while block 0 was not running)" in text
-    (row,) = [r for r in json.loads((tmp_path / "run" / "report.json").read_text())["rows"] if r["name"] == "cache"]
+    row = report_rows(tmp_path / "run")["cache"]
     assert row["status"] in ("passed", "inconclusive") and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["status"]
     bare = tmp_path / "dit_no_functor.py"
     bare.write_text(text.replace(text[text.index(",\n                                  patch_functor="):
@@ -495,6 +496,5 @@ def test_chroma_joint_mask_in_text_first_order_over_queries_and_keys(run_cli, tm
     plugin.write_text(text.replace("text_first=True)", "text_first=False)"))
     code, _, _ = run_cli("run", "zoo:pipe/chroma", "--rows", "cp-ulysses-2", "--integration", plugin, "--dtype",
                          "float32", "--out", tmp_path / "opposite", "-q")
-    (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
-              if r["name"] == "cp-ulysses-2"]
+    row = report_rows(tmp_path / "opposite")["cp-ulysses-2"]
     assert code == 1 and row["status"] in ("failed", "error"), row["status"]

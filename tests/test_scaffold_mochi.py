@@ -1,9 +1,8 @@
 """`ditgate scaffold` on Mochi: attention over the image and the valid text that the processor joins per sample, the
 text whole on every rank."""
 
-import json
-
 import pytest
+from test_scaffold import report_rows
 
 
 @pytest.mark.full
@@ -24,6 +23,5 @@ def test_per_sample_text_keys_stay_local_and_the_image_keys_are_gathered(run_cli
     plugin.write_text(text.replace("gather_keys=True)", "True, text_first=False)"))  # Ulysses, as before
     code, _, _ = run_cli("run", "zoo:pipe/mochi", "--rows", "cp-ulysses-2", "--integration", plugin, "--dtype",
                          "float32", "--out", tmp_path / "opposite", "-q")
-    (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
-              if r["name"] == "cp-ulysses-2"]
+    row = report_rows(tmp_path / "opposite")["cp-ulysses-2"]
     assert code == 1 and row["status"] == "failed" and "max-abs" in " ".join(row["reasons"]), row

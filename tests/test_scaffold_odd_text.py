@@ -1,9 +1,8 @@
 """`ditgate scaffold` on a joint text whose length the ranks do not divide and no call argument sets
 (HunyuanVideo 1.5: 1000 + 256 + 729 text tokens, fixed in the pipeline)."""
 
-import json
-
 import pytest
+from test_scaffold import report_rows
 
 
 @pytest.mark.full
@@ -22,6 +21,5 @@ def test_an_odd_masked_text_is_padded_with_masked_tokens_and_split_with_its_mask
     plugin.write_text(text.replace(pad[0], ""))
     code, _, _ = run_cli("run", "zoo:pipe/hunyuanvideo15", "--rows", "cp-ulysses-2", "--integration", plugin,
                          "--dtype", "float32", "--out", tmp_path / "opposite", "-q")
-    (row,) = [r for r in json.loads((tmp_path / "opposite" / "report.json").read_text())["rows"]
-              if r["name"] == "cp-ulysses-2"]
+    row = report_rows(tmp_path / "opposite")["cp-ulysses-2"]
     assert code == 1 and row["status"] in ("failed", "error"), row["status"]

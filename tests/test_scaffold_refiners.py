@@ -1,9 +1,8 @@
 """`ditgate scaffold` on transformers whose forward refines the image and the text apart (noise and context refiner
 block lists) and concatenates them into the one sequence the main blocks take (Lumina2, Z-Image)."""
 
-import json
-
 import pytest
+from test_scaffold import report_rows
 
 
 # the twin's call: a negative prompt padded to another length than the prompt, so the refiners get a text mask
@@ -13,7 +12,7 @@ CALL = ("--call", "negative_prompt=blurry", "--call", "max_sequence_length=64")
 def _cp_row(run_cli, name, plugin, out):
     code, _, _ = run_cli("run", f"zoo:{name}", *CALL, "--rows", "cp-ulysses-2", "--integration", plugin, "--dtype",
                          "float32", "--out", out, "-q")
-    (row,) = [r for r in json.loads((out / "report.json").read_text())["rows"] if r["name"] == "cp-ulysses-2"]
+    row = report_rows(out)["cp-ulysses-2"]
     return code, row
 
 
