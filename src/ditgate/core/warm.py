@@ -101,10 +101,16 @@ def drop() -> None:
     if not _kept:
         return
     _kept.clear()
+    release_memory()
+
+
+def release_memory() -> None:
+    """Free what pipelines let go of: a collection (pipelines hold reference cycles, so their memory goes only with
+    one), then the GPU's cached blocks back to the device where this process used CUDA."""
     import gc
     import sys
 
-    gc.collect()  # pipelines hold reference cycles: their memory goes only with a collection
+    gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -10,7 +10,6 @@ multi-rank row starts its own torchrun group (kept to compare the two: benchmark
 
 from __future__ import annotations
 
-import gc
 import itertools
 import os
 import time
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ditgate.core import logs
+from ditgate.core import logs, warm
 from ditgate.run.progress import Lines, planned
 from ditgate.run.exec import files as store
 from ditgate.run.judge.gating import audio_floor, judge_row
@@ -213,11 +212,8 @@ class Runner:
             self._pristine.release()
             kept = keep and self.twin_record is None and self._pristine.give_back()
             self._pristine = None
-            if kept:
-                return
-            gc.collect()
-            if self.model.device.startswith("cuda"):
-                __import__("torch").cuda.empty_cache()  # the memory back to the GPU, not this process's cache
+            if not kept:
+                warm.release_memory()
 
     def _calibrate(self, later: list[Row] = ()) -> None:
         """Run the calibration row when a gated row uses its floor (an audio row, or any row of a run in reduced

@@ -139,8 +139,6 @@ def inline(request: dict, fds: list[int], entry) -> int:
     gives back its pristine pipeline, never run or changed, when it ends (ditgate.core.warm.give_back): the next
     command on the same folder, dtype and class takes it instead of loading (any other load, or a GPU worker group,
     lets it go first)."""
-    import gc
-
     from ditgate.core import warm
 
     saved = [os.dup(target) for target in (0, 1, 2)]
@@ -156,15 +154,7 @@ def inline(request: dict, fds: list[int], entry) -> int:
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(environ)
-        gc.collect()
-        _empty_cuda_cache()
+        warm.release_memory()
         for path, dtype, *_ in warm.kept():  # on the server's own stderr again
             print(f"ditgate serve: keeping {path} loaded ({dtype.removeprefix('torch.')}, on the device its run "
                   "used) for the next command that loads it", file=sys.stderr, flush=True)
-
-
-def _empty_cuda_cache() -> None:
-    import torch
-
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
