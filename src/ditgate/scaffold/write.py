@@ -82,12 +82,14 @@ def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> N
             namespace = vars(sys.modules.get(type(processor).__module__, pyinspect)) if processor is not None else {}
             widths = {getattr(getattr(module, n, None), "out_features", None) for n in ("to_q", "to_k", "to_v")}
             heads = getattr(module, "heads", None)
-            divide = [n for n, v in vars(module).items() if isinstance(v, int) and not isinstance(v, bool)
-                      and ("head" in n or "inner" in n) and (v == heads or v in widths)]
             try:  # a CP config attribute counts only where the processor's code hands it on
                 code = pyinspect.getsource(type(processor).__call__) if processor is not None else ""
             except (OSError, TypeError):
                 code = ""
+            # widths TP divides: head counts and inner widths, and any width the processor reshapes with (OmniGen's
+            # `attn.out_dim`, the heads' joint width before the output projection)
+            divide = [n for n, v in vars(module).items() if isinstance(v, int) and not isinstance(v, bool)
+                      and ("head" in n or "inner" in n or f"attn.{n}" in code) and (v == heads or v in widths)]
             group = out[f"{attribute}.*.{path}"] = {
                 "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
                                  for n in ("_parallel_config", "_cp_config")),
