@@ -58,6 +58,8 @@ class BlockList:
     loop_findings: list[str] = field(default_factory=list)
     per_block_arguments: list[str] = field(default_factory=list)  # arguments the loop gives each block its own of
     stream_changed_between: bool = False  # the loop changes the hidden stream between two block calls
+    # a skip inside the loop: argument -> {receiving block: [the earlier block whose output it is, output position]}
+    skip_sources: dict[str, dict[int, list[int]]] = field(default_factory=dict)
 
 
 @dataclass

@@ -287,10 +287,13 @@ class BlockLoop(cache_dit.PatchFunctor):
     recorded for it. Right while those values do not depend on what the blocks return (they were observed to differ
     from block to block, not to follow the stream); the cache row's caching-off check tells.
     `outside` {list: [(index, attribute)]}: the forward reads a block's sub-module outside the loop (DiT's
-    `transformer_blocks[0].norm1.emb`); during a call the wrapper in that place is given the block's sub-module."""
+    `transformer_blocks[0].norm1.emb`); during a call the wrapper in that place is given the block's sub-module.
+    `skips` {list: {argument: {block: (earlier block, output position)}}}: the loop hands a block an earlier block's
+    output (a skip stack inside the loop, HunyuanDiT's U-shaped blocks); each call keeps the outputs of those earlier
+    blocks as they run and hands each later block its own, whoever calls the blocks."""
 
-    def __init__(self, lists, outside=None):
-        self.lists, self.outside = lists, outside or {}
+    def __init__(self, lists, outside=None, skips=None):
+        self.lists, self.outside, self.skips = lists, outside or {}, skips or {}
 
     @classmethod
     def is_from_diffusers(cls, transformer):
@@ -300,14 +303,23 @@ class BlockLoop(cache_dit.PatchFunctor):
         if getattr(transformer, "_is_patched", False):
             return transformer
         recorded = {name: [] for name in self.lists}
-        originals = {name: getattr(transformer, name) for name in {*self.lists, *self.outside}}  # swapped in calls
+        originals = {name: getattr(transformer, name) for name in {*self.lists, *self.outside, *self.skips}}
         for name, (arguments, _) in self.lists.items():
             for index, block in enumerate(originals[name]):
                 block.forward = self._own(block, recorded[name], index, arguments)
+        kept = {name: {} for name in self.skips}  # this call's outputs of the blocks a later block takes
+        for name, arguments in self.skips.items():
+            sources = {earlier for receivers in arguments.values() for earlier, _ in receivers.values()}
+            for index, block in enumerate(originals[name]):
+                takes = {a: receivers[index] for a, receivers in arguments.items() if index in receivers}
+                if takes or index in sources:
+                    block.forward = self._skip(block, kept[name], index, takes, index in sources)
         forward = transformer.forward
 
         @functools.wraps(forward)
         def patched(*args, **kwargs):
+            for outputs in kept.values():
+                outputs.clear()
             for name, reads in self.outside.items():
                 current = getattr(transformer, name)
                 for index, attribute in reads:
@@ -344,4 +356,24 @@ class BlockLoop(cache_dit.PatchFunctor):
             return forward(*bound.args, **bound.kwargs)
 
         return own
+
+    @staticmethod
+    def _skip(block, kept, index, takes, source):
+        signature, forward = _signature(block), block.forward
+
+        @functools.wraps(forward)
+        def skip(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            for argument, (earlier, position) in takes.items():
+                if earlier not in kept:
+                    raise RuntimeError(f"block {index} takes block {earlier}'s output as `{argument}`, and block "
+                                       f"{earlier} did not run in this call (a cache that skips it computed block "
+                                       f"{index}): compute both or neither")
+                bound.arguments[argument] = kept[earlier][position]
+            out = forward(*bound.args, **bound.kwargs)
+            if source:
+                kept[index] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            return out
+
+        return skip
 '''
