@@ -2,7 +2,7 @@
 
 `write.observe` runs the inspection and records the transformer's own inputs (names and shapes of its first call),
 its children's inputs and its attention processors; `write.plugin_source` turns that into the plugin's source:
-`block_adapter`, `cp_plan` (`cp`), `tp_plan`, each decision commented with the observation behind it, and where two
+`block_adapter`, `cp_plan` (`cp`), `tp_plan` (`tp`: which Linears each block structure shards), each decision commented with the observation behind it, and where two
 choices are possible the other one named with the row that tells them apart. `runtime` holds the code a plugin
 carries when a plan dict is not enough (attention routed through cache-dit's dispatcher, routing on the gathered
 sequence, the block-loop PatchFunctor); `loop` derives that functor's arguments from what the loop was seen doing.

@@ -1,7 +1,8 @@
 """Code a scaffolded plugin carries when its plans need more than a plan dict: an attention processor that routes the
 model's own processor's kernel call through cache-dit's `_dispatch_attention_fn` (with the CP config, and a joint
 key mask put in the order Ulysses' all-to-all gives the keys), and a wrapper that runs a sequence-dependent router on
-the whole sequence under CP. `HELPERS` is pasted into the plugin as it is; `write` decides whether it is used.
+the whole sequence under CP, and one that counts per rank an integer the blocks take for the tokens at one end
+of their sequence. `HELPERS` is pasted into the plugin as it is; `write` decides whether it is used.
 """
 
 HELPERS = '''
@@ -221,6 +222,35 @@ class SplitDictOutput:
 def split_dict_output(transformer, module, dims):
     if not isinstance(module.forward, SplitDictOutput):
         module.forward = SplitDictOutput(transformer, module, dims)
+
+
+class PartCount:
+    """Under CP, an integer a block receives that counts the tokens at one end of its sequence (`end`: "head" or
+    "tail") becomes the count of those tokens in this rank's contiguous share of the split sequence (its first
+    positional input, split before this runs), as the per-token tables split with it."""
+
+    def __init__(self, transformer, block, name, end):
+        self.transformer, self.forward, self.name, self.end = transformer, block.forward, name, end
+        self.signature = inspect.signature(type(block).forward.__get__(block))
+
+    def __call__(self, *args, **kwargs):
+        cp = _cp_config_of(self.transformer)
+        bound = self.signature.bind(*args, **kwargs)
+        count = bound.arguments.get(self.name)
+        if cp is None or not isinstance(count, int):
+            return self.forward(*args, **kwargs)
+        group = cp._flattened_mesh.get_group()
+        local = next(iter(bound.arguments.values())).shape[1]
+        start, total = dist.get_rank(group) * local, local * dist.get_world_size(group)
+        first, last = (total - count, total) if self.end == "tail" else (0, count)
+        bound.arguments[self.name] = max(0, min(last, start + local) - max(first, start))
+        return self.forward(*bound.args, **bound.kwargs)
+
+
+def count_parts(transformer, blocks, name, end):
+    for block in blocks:
+        if not isinstance(block.forward, PartCount):
+            block.forward = PartCount(transformer, block, name, end)
 
 
 class GatheredRouting:
