@@ -1,8 +1,132 @@
-"""The block-loop PatchFunctor of a scaffolded plugin (`ditgate.scaffold.runtime.FUNCTOR`'s `BlockLoop`), from what
-the loop was seen doing around its block calls: per-block arguments, a block's sub-module read outside the loop, and
-skips inside the loop (a block handed an earlier block's output). What it does not cover is named NOT HANDLED."""
+"""The block-loop PatchFunctor of a scaffolded plugin: `FUNCTOR`, the source of `BlockLoop` pasted into the plugin
+as it is, and its arguments (`_functor`, `_outside`) from what the loop was seen doing around its block calls:
+per-block arguments, a block's sub-module read outside the loop, and skips inside the loop (a block handed an
+earlier block's output). What it does not cover is named NOT HANDLED."""
 
 from __future__ import annotations
+
+
+FUNCTOR = '''
+# -- a patch functor written by `ditgate scaffold` (used by block_adapter) ----------------------------------------
+def _signature(block):
+    """The parameters of the block class's own forward (hooks may have wrapped the instance's)."""
+    return inspect.signature(type(block).forward.__get__(block))
+
+
+class _Recorder(torch.nn.Module):
+    """Stands in for one block while the forward runs to record what the loop hands each block: keeps the
+    arguments it is given and returns its stream inputs unchanged, in the order the block returns them."""
+
+    def __init__(self, signature, kept, returns):
+        super().__init__()
+        self.signature, self.kept, self.returns = signature, kept, returns
+
+    def forward(self, *args, **kwargs):
+        bound = self.signature.bind(*args, **kwargs).arguments
+        self.kept.append(bound)
+        out = tuple(bound[name] for name in self.returns)
+        return out if len(out) > 1 else out[0]
+
+
+class BlockLoop(cache_dit.PatchFunctor):
+    """What the block loop does that cache-dit's cached block list does not (the list holds one wrapper during a
+    call, which calls every block with the values the loop computed for the first):
+    `lists` {list: (argument names, the stream inputs the block returns, in order)}: the loop hands each block its
+    own value of those arguments. On each call of the transformer the forward first runs with stand-in blocks that
+    only record what the loop hands each block (no block runs), then runs for real, each block given the values
+    recorded for it. Right while those values do not depend on what the blocks return (they were observed to differ
+    from block to block, not to follow the stream); the cache row's caching-off check tells.
+    `outside` {list: [(index, attribute)]}: the forward reads a block's sub-module outside the loop (DiT's
+    `transformer_blocks[0].norm1.emb`); during a call the wrapper in that place is given the block's sub-module.
+    `skips` {list: {argument: {block: (earlier block, output position)}}}: the loop hands a block an earlier block's
+    output (a skip stack inside the loop, HunyuanDiT's U-shaped blocks); each call keeps the outputs of those earlier
+    blocks as they run and hands each later block its own, whoever calls the blocks."""
+
+    def __init__(self, lists, outside=None, skips=None):
+        self.lists, self.outside, self.skips = lists, outside or {}, skips or {}
+
+    @classmethod
+    def is_from_diffusers(cls, transformer):
+        return True  # written for this model, wherever its class is defined
+
+    def _apply(self, transformer, **kwargs):
+        if getattr(transformer, "_is_patched", False):
+            return transformer
+        recorded = {name: [] for name in self.lists}
+        originals = {name: getattr(transformer, name) for name in {*self.lists, *self.outside, *self.skips}}
+        for name, (arguments, _) in self.lists.items():
+            for index, block in enumerate(originals[name]):
+                block.forward = self._own(block, recorded[name], index, arguments)
+        kept = {name: {} for name in self.skips}  # this call's outputs of the blocks a later block takes
+        for name, arguments in self.skips.items():
+            sources = {earlier for receivers in arguments.values() for earlier, _ in receivers.values()}
+            for index, block in enumerate(originals[name]):
+                takes = {a: receivers[index] for a, receivers in arguments.items() if index in receivers}
+                if takes or index in sources:
+                    block.forward = self._skip(block, kept[name], index, takes, index in sources)
+        forward = transformer.forward
+
+        @functools.wraps(forward)
+        def patched(*args, **kwargs):
+            for outputs in kept.values():
+                outputs.clear()
+            for name, reads in self.outside.items():
+                current = getattr(transformer, name)
+                for index, attribute in reads:
+                    if current is not originals[name] and index < len(current):
+                        object.__setattr__(current[index], attribute, getattr(originals[name][index], attribute))
+            if not self.lists:
+                return forward(*args, **kwargs)
+            saved = {name: getattr(transformer, name) for name in self.lists}
+            for name, (_, returns) in self.lists.items():
+                recorded[name].clear()
+                signature = _signature(originals[name][0])
+                setattr(transformer, name, torch.nn.ModuleList(
+                    _Recorder(signature, recorded[name], returns) for _ in range(len(originals[name]))))
+            try:
+                forward(*args, **kwargs)
+            finally:
+                for name, blocks in saved.items():
+                    setattr(transformer, name, blocks)
+            return forward(*args, **kwargs)
+
+        transformer.forward = patched
+        transformer._is_patched = True
+        return transformer
+
+    @staticmethod
+    def _own(block, recorded, index, arguments):
+        signature, forward = _signature(block), block.forward
+
+        @functools.wraps(forward)
+        def own(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            if index < len(recorded):
+                bound.arguments.update({n: recorded[index][n] for n in arguments if n in recorded[index]})
+            return forward(*bound.args, **bound.kwargs)
+
+        return own
+
+    @staticmethod
+    def _skip(block, kept, index, takes, source):
+        signature, forward = _signature(block), block.forward
+
+        @functools.wraps(forward)
+        def skip(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            for argument, (earlier, position) in takes.items():
+                if earlier not in kept:
+                    raise RuntimeError(f"block {index} takes block {earlier}'s output as `{argument}`, and block "
+                                       f"{earlier} did not run in this call (a cache that skips it computed block "
+                                       f"{index}): compute both or neither")
+                bound.arguments[argument] = kept[earlier][position]
+            out = forward(*bound.args, **bound.kwargs)
+            if source:
+                kept[index] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            return out
+
+        return skip
+'''
 
 
 def _outside(outside_calls: list[str], transformer: str, lists: list) -> tuple[dict[str, list], list[str]]:

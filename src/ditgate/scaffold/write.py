@@ -15,8 +15,8 @@ from typing import Any
 
 from ditgate.core.errors import DitgateError
 from ditgate.scaffold.cp import _blocks_expr, _cp
-from ditgate.scaffold.loop import _functor, _outside
-from ditgate.scaffold.runtime import FUNCTOR, HELPERS
+from ditgate.scaffold.loop import FUNCTOR, _functor, _outside
+from ditgate.scaffold.runtime import HELPERS
 from ditgate.scaffold.tp import _tp_layers
 
 @dataclass
