@@ -103,6 +103,8 @@ class SchedulerSteps:
                 tap._record(signature, (scheduler, *args), kwargs, output)
             return output
 
+        if signature is not None:  # a pipeline that reads the step's parameters (`"generator" in signature(
+            step.__signature__ = signature  # scheduler.step).parameters`: DDPM's noise) finds the class's own
         recording = _same_class(cls)(cls.__name__, (cls,), {"step": step, "__module__": cls.__module__,
                                                             "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
         try:

@@ -15,7 +15,9 @@ from typing import Any
 
 from ditgate.core.errors import DitgateError
 from ditgate.scaffold.cp import _blocks_expr, _cp
-from ditgate.scaffold.runtime import FUNCTOR, HELPERS
+from ditgate.scaffold.loop import FUNCTOR, _functor, _outside
+from ditgate.scaffold.runtime import HELPERS
+from ditgate.scaffold.tp import _tp_layers
 
 @dataclass
 class Observed:
@@ -65,13 +67,15 @@ def observe(model) -> Observed:
 
 def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> None:
     """Per attention group (`list.*.path`): whether its processor carries a CP config attribute, whether its code calls
-    `dispatch_attention_fn` (so the call can be routed), the int attributes TP must divide (heads, inner widths), and
+    `dispatch_attention_fn` (so the call can be routed), the int attributes TP must divide (the query and key/value
+    head counts whatever their name, inner widths; never a per-head size), and
     (filled on the call) the keyword tables it receives with one row per head (`head_tables`: Mochi's RoPE, learned
     per head, [tokens, heads, dim])."""
     import sys
 
     import torch
 
+    from ditgate.inspect.attention import _module_heads
     from ditgate.inspect.observe import block_lists, is_attention_module
 
     for attribute, blocks in block_lists(transformer).items():
@@ -81,7 +85,7 @@ def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> N
             processor = getattr(module, "processor", None)
             namespace = vars(sys.modules.get(type(processor).__module__, pyinspect)) if processor is not None else {}
             widths = {getattr(getattr(module, n, None), "out_features", None) for n in ("to_q", "to_k", "to_v")}
-            heads = getattr(module, "heads", None)
+            heads, kv_heads, head_dim = _module_heads(module)  # as inspect reads them (kv heads: to_k width / head size)
             try:  # a CP config attribute counts only where the processor's code hands it on
                 code = pyinspect.getsource(type(processor).__call__) if processor is not None else ""
             except (OSError, TypeError):
@@ -89,7 +93,8 @@ def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> N
             # widths TP divides: head counts and inner widths, and any width the processor reshapes with (OmniGen's
             # `attn.out_dim`, the heads' joint width before the output projection)
             divide = [n for n, v in vars(module).items() if isinstance(v, int) and not isinstance(v, bool)
-                      and ("head" in n or "inner" in n or f"attn.{n}" in code) and (v == heads or v in widths)]
+                      and ("head" in n or "inner" in n or f"attn.{n}" in code)
+                      and (v in widths or v in (heads, kv_heads) and not (v == head_dim and "dim" in n))]
             group = out[f"{attribute}.*.{path}"] = {
                 "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
                                  for n in ("_parallel_config", "_cp_config")),
@@ -115,60 +120,6 @@ def _text_first(code: str) -> bool | None:
     return None
 
 
-def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], chains: list[tuple[str, str]] = (),
-               tp: int = 2) -> tuple[dict[str, str], list[str]]:
-    """The layer plan of one block structure: only pairs whose every member was observed; attention modules in
-    `across` (a q/k norm over all heads) kept whole; a Linear reading another sharded Colwise never Colwise too."""
-    names = {r["layer"]: r["style"] for r in rows}
-    plan, notes = {}, []
-    for layer in [n for n in names if n.endswith(".to_q")]:
-        p = layer[: -len(".to_q")]
-        qkv = [f"{p}.to_q", f"{p}.to_k", f"{p}.to_v"]
-        if not all(n in names for n in qkv) or f"{p}.to_out.0" not in names:
-            notes.append(f"`{p}` has no `to_out.0` of its own (its heads feed a layer shared with other inputs): "
-                         "kept whole; sharding it is the other choice, told apart by tp-2")
-            continue
-        if p in across:
-            notes.append(f"`{p}` normalises q/k over all heads at once (observed norm width): sharding its heads "
-                         "would normalise each shard alone, so it is kept whole; the other choice (shard it with a "
-                         "norm over the gathered heads) is told apart by tp-2")
-            continue
-        if heads is None or heads % tp:
-            notes.append(f"`{p}`: {heads} heads do not divide by {tp}: kept whole")
-            continue
-        plan.update({n: "ColwiseParallel()" for n in qkv})
-        plan[f"{p}.to_out.0"] = "RowwiseParallel()"
-        added = [n for n in (f"{p}.add_q_proj", f"{p}.add_k_proj", f"{p}.add_v_proj") if n in names]
-        if f"{p}.add_q_proj" in names and f"{p}.to_add_out" not in names:
-            notes.append(f"`{p}` has text queries with no `to_add_out` of their own: kept whole")
-            for n in qkv + [f"{p}.to_out.0"]:
-                plan.pop(n)
-            continue
-        plan.update({n: "ColwiseParallel()" for n in added})  # text keys/values (and queries): per head too
-        if f"{p}.to_add_out" in names:
-            plan[f"{p}.to_add_out"] = "RowwiseParallel()"
-        notes.append(f"`{p}`: q/k/v read the block width and `to_out.0` reads their heads: Colwise then Rowwise, "
-                     f"heads divided by {tp}")
-    for layer in names:
-        if layer.endswith(".net.0.proj") and names[layer].startswith("fused gated"):
-            notes.append(f"`{layer}` is a fused gated MLP (its output chunked in two, one half through an activation "
-                         "times the other): Colwise would give each rank the wrong halves, so the pair is kept whole; "
-                         "the other choice (Colwise without relayout) is told apart by tp-2")
-        elif layer.endswith(".net.0.proj") and layer.replace(".net.0.proj", ".net.2") in names:
-            plan[layer] = "ColwiseParallel()"
-            plan[layer.replace(".net.0.proj", ".net.2")] = "RowwiseParallel()"
-            notes.append(f"`{layer}` feeds `{layer.replace('.net.0.proj', '.net.2')}` (a feed-forward pair): "
-                         "Colwise then Rowwise; Colwise for both is the other choice and fails tp-2")
-        elif names[layer].startswith("Colwise(output_layouts=Replicate())"):
-            plan[layer] = "ColwiseParallel(output_layouts=Replicate())"
-            notes.append(f"`{layer}`'s output is chunked on its features (modulation): Colwise gathered back whole")
-    for first, second in chains:  # the first of a chained pair is sharded only when the second undoes it
-        if first in names and first not in plan and second in plan:
-            notes.append(f"`{first}` feeds `{second}` (observed): `{first}` kept whole, `{second}` "
-                         f"{plan[second]}; both Colwise is the other choice and fails tp-2")
-    return plan, notes
-
-
 def _split_dims(a, transformer: str, lists: list) -> list[str]:
     """`CP_SPLIT_DIMS` (the dimension CP divides in what each block list returns, which ditgate's CP proof checks):
     read from each list's observed output, the dimension as long as the split sequence (the second by default)."""
@@ -188,62 +139,6 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
     body = ", ".join(f'"{k}": {v}' for k, v in dims.items())
     return [f"# the dimension CP divides in what each block list returns ({'; '.join(why)})",
             f"CP_SPLIT_DIMS = {{{body}}}"]
-
-
-def _outside(outside_calls: list[str], transformer: str, lists: list) -> tuple[dict[str, list], list[str]]:
-    """Block sub-modules the forward runs outside the loop (`transformer_blocks.0.norm1.emb`, observed called while
-    its block was not running): {list: [(index, attribute)]} for block 0 (the one place the cached list keeps)."""
-    reads, notes = {}, []
-    names = {b.attribute for b in lists}
-    for call in outside_calls:
-        parts = call.split(" ", 1)[0].split(".")
-        if len(parts) < 4 or parts[0] != transformer or parts[1] not in names or not parts[2].isdigit():
-            continue
-        found = (int(parts[2]), parts[3])
-        if found in reads.get(parts[1], []):
-            continue
-        if found[0]:
-            notes.append(f"NOT HANDLED: the forward reads `{'.'.join(parts[1:4])}` outside the loop; the cached list "
-                         "holds one wrapper in place of the blocks, so that block is not there during a call")
-            continue
-        reads.setdefault(parts[1], []).append(found)
-        notes.append(f"the forward reads `{'.'.join(parts[1:4])}` outside the loop (observed: `{'.'.join(parts[1:])}` "
-                     f"ran while block {found[0]} was not running); during a call the cached list holds one wrapper "
-                     "there: BlockLoop hands the wrapper that sub-module (without it the cache row errors)")
-    return reads, notes
-
-
-def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str | None, list[str]]:
-    """The PatchFunctor the block loop needs, from what it was seen doing between block calls: per-block arguments
-    (each block handed its own value, not the previous block's output) are recorded per call and handed back to
-    each block (`BlockLoop`); a stream the loop changes between blocks, or a module it calls there, is
-    named NOT HANDLED (the fix is the model's own loop moved into a functor by hand)."""
-    entries, notes = [], []
-    for b in lists:
-        if b.stream_changed_between or any("also calls" in f for f in b.loop_findings):
-            notes.append(f"NOT HANDLED: `{b.attribute}`: {'; '.join(b.loop_findings)}; write a PatchFunctor that "
-                         "moves that work into the blocks (cache-dit's HunyuanDiT and ControlNet functors do)")
-            continue
-        if not b.per_block_arguments:
-            if b.patch_functor_needed:
-                notes.append(f"NOT HANDLED: `{b.attribute}` needs a PatchFunctor the scaffold does not write: "
-                             f"{'; '.join(b.loop_findings) or b.pattern_reason}")
-            continue
-        positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
-        names = {"hidden_states": positional[0] if positional else None, "encoder_hidden_states": b.encoder_param}
-        returns = [names.get(role) for role in b.outputs or []]
-        if None in returns:
-            notes.append(f"NOT HANDLED: `{b.attribute}` gets per-block {b.per_block_arguments}, and what it returns "
-                         f"({b.outputs}) does not map onto its inputs")
-            continue
-        entries.append(f'"{b.attribute}": ({b.per_block_arguments!r}, {returns!r})')
-        notes.append(f"`{b.attribute}`: block 1 was handed other {b.per_block_arguments} than block 0 (observed), "
-                     "while its stream inputs are the previous block's outputs; cache-dit's cached block list "
-                     "would hand every block the first one's: BlockLoop records each block's own per call "
-                     "and hands it back; without it the cache row's caching-off check departs from the baseline")
-    if not entries and not outside:
-        return None, notes
-    return "BlockLoop({" + ", ".join(entries) + "}" + (f", outside={outside!r}" if outside else "") + ")", notes
 
 
 def _adapter(a, by_t: dict[str, list], alike: list[str], functor: str | None = None,

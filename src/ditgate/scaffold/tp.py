@@ -1,0 +1,65 @@
+"""The TP part of a scaffolded plugin: which Linears of a block structure are sharded (Colwise, Rowwise, or kept
+whole), each choice with the comment that names its observation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], chains: list[tuple[str, str]] = (),
+               tp: int = 2) -> tuple[dict[str, str], list[str]]:
+    """The layer plan of one block structure: only pairs whose every member was observed; attention modules in
+    `across` (a q/k norm over all heads) kept whole; a Linear reading another sharded Colwise never Colwise too."""
+    names = {r["layer"]: r["style"] for r in rows}
+    plan, notes = {}, []
+    for layer in [n for n in names if n.endswith(".to_q")]:
+        p = layer[: -len(".to_q")]
+        qkv = [f"{p}.to_q", f"{p}.to_k", f"{p}.to_v"]
+        if not all(n in names for n in qkv) or f"{p}.to_out.0" not in names:
+            notes.append(f"`{p}` has no `to_out.0` of its own (its heads feed a layer shared with other inputs): "
+                         "kept whole; sharding it is the other choice, told apart by tp-2")
+            continue
+        if p in across:
+            notes.append(f"`{p}` normalises q/k over all heads at once (observed norm width): sharding its heads "
+                         "would normalise each shard alone, so it is kept whole; the other choice (shard it with a "
+                         "norm over the gathered heads) is told apart by tp-2")
+            continue
+        if heads is None or heads % tp:
+            notes.append(f"`{p}`: {heads} heads do not divide by {tp}: kept whole")
+            continue
+        plan.update({n: "ColwiseParallel()" for n in qkv})
+        plan[f"{p}.to_out.0"] = "RowwiseParallel()"
+        added = [n for n in (f"{p}.add_q_proj", f"{p}.add_k_proj", f"{p}.add_v_proj") if n in names]
+        if f"{p}.add_q_proj" in names and f"{p}.to_add_out" not in names:
+            notes.append(f"`{p}` has text queries with no `to_add_out` of their own: kept whole")
+            for n in qkv + [f"{p}.to_out.0"]:
+                plan.pop(n)
+            continue
+        plan.update({n: "ColwiseParallel()" for n in added})  # text keys/values (and queries): per head too
+        if f"{p}.to_add_out" in names:
+            plan[f"{p}.to_add_out"] = "RowwiseParallel()"
+        notes.append(f"`{p}`: q/k/v read the block width and `to_out.0` reads their heads: Colwise then Rowwise, "
+                     f"heads divided by {tp}")
+    for layer in names:
+        if layer.endswith(".net.0.proj") and names[layer].startswith("fused gated"):
+            notes.append(f"`{layer}` is a fused gated MLP (its output chunked in two, one half through an activation "
+                         "times the other): Colwise would give each rank the wrong halves, so the pair is kept whole; "
+                         "the other choice (Colwise without relayout) is told apart by tp-2")
+        elif layer.endswith(".net.0.proj") and layer.replace(".net.0.proj", ".net.2") in names:
+            plan[layer] = "ColwiseParallel()"
+            plan[layer.replace(".net.0.proj", ".net.2")] = "RowwiseParallel()"
+            notes.append(f"`{layer}` feeds `{layer.replace('.net.0.proj', '.net.2')}` (a feed-forward pair): "
+                         "Colwise then Rowwise; Colwise for both is the other choice and fails tp-2")
+        elif names[layer].startswith("Colwise(output_layouts=Replicate())"):
+            plan[layer] = "ColwiseParallel(output_layouts=Replicate())"
+            notes.append(f"`{layer}`'s output is chunked on its features (modulation): Colwise gathered back whole")
+    for first, second in chains:  # the first of a chained pair is sharded only when the second undoes it
+        if first in names and first not in plan and plan.get(second) == "RowwiseParallel()":
+            plan[first] = "ColwiseParallel()"  # a Rowwise layer reads its input split on the features
+            notes.append(f"`{first}`'s output reaches `{second}` (observed), which reads its features split over the "
+                         f"ranks (RowwiseParallel): `{first}` Colwise, so its features split the same way (a gate "
+                         f"over the heads); kept whole is the other choice and fails tp-2")
+        elif first in names and first not in plan and second in plan:
+            notes.append(f"`{first}` feeds `{second}` (observed): `{first}` kept whole, `{second}` "
+                         f"{plan[second]}; both Colwise is the other choice and fails tp-2")
+    return plan, notes

@@ -1,0 +1,39 @@
+"""`ditgate scaffold` on Krea 2 (diffusers' Krea2Pipeline): one stream of text and image through single-stream
+blocks whose attention counts its heads in `num_heads` / `num_kv_heads` (grouped-query) and gates its heads' output
+with a Linear of its own (`to_gate`)."""
+
+import pytest
+from test_scaffold import report_rows
+
+
+def _row(run_cli, plugin, row, out):
+    code, _, _ = run_cli("run", "zoo:pipe/krea2", "--rows", row, "--integration", plugin, "--dtype", "float32",
+                         "--out", out, "-q")
+    return code, report_rows(out)[row]
+
+
+@pytest.mark.full
+def test_head_counts_under_other_names_and_the_head_gate_are_sharded_with_the_heads(run_cli, tmp_path):
+    """The scaffold divides the attributes whose values are the observed query and key/value head counts (4 and 2,
+    named `num_heads` and `num_kv_heads`; never `head_dim`) and shards `to_gate` Colwise, since its output reaches
+    `to_out.0` (Rowwise) with the heads: tp-2 passes. On the survey the plugin divided `heads`, which Krea2Attention
+    does not have ('no attribute heads' at apply); with `to_gate` kept whole (the rule for a chain whose second
+    Linear is not Rowwise) the gate's whole width meets each rank's half of the heads and tp-2 fails."""
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/krea2", "--out", out, "--rows", "tp-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    assert report_rows(tmp_path / "run")["tp-2"]["status"] == "passed"
+    text = out.read_text()
+    divided = '        shard_div_attr(block.attn, "num_heads", tp)\n        shard_div_attr(block.attn, "num_kv_heads", tp)\n'
+    gate = ', "attn.to_gate": ColwiseParallel()'
+    assert divided in text and gate in text and '"head_dim"' not in text, text
+    opposites = {"heads": text.replace(divided, '        shard_div_attr(block.attn, "heads", tp)\n'),
+                 "gate_whole": text.replace(gate, "")}
+    for name, opposite in opposites.items():
+        assert opposite != text
+        plugin = tmp_path / f"{name}.py"
+        plugin.write_text(opposite)
+        code, row = _row(run_cli, plugin, "tp-2", tmp_path / name)
+        assert code == 1 and row["status"] in ("failed", "error"), (name, row)
+    assert "no attribute 'heads'" in " ".join(report_rows(tmp_path / "heads")["tp-2"]["reasons"])
