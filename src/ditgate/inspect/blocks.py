@@ -185,8 +185,9 @@ def audit_loop(block: BlockList, record, h_param: str | None) -> None:
                     "does work between block calls, which a cached block list would skip")
                 break
         changed = [a for a in transition.changed_args if a not in targets.values()]
-        if transition.from_outputs:  # a long skip inside the loop: the argument follows the stream
-            block.stream_changed_between = True
+        if transition.from_outputs:  # a long skip inside the loop: the argument is an earlier block's output
+            for name, (source, position) in transition.sources.items():
+                block.skip_sources.setdefault(name, {})[transition.index] = [source, position]
             block.loop_findings.append(f"block {transition.index} gets {transition.from_outputs} = an earlier "
                                        "block's output (a skip inside the loop), which a cached block list would "
                                        "not hand on")

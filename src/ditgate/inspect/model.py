@@ -58,6 +58,8 @@ class BlockList:
     loop_findings: list[str] = field(default_factory=list)
     per_block_arguments: list[str] = field(default_factory=list)  # arguments the loop gives each block its own of
     stream_changed_between: bool = False  # the loop changes the hidden stream between two block calls
+    # a skip inside the loop: argument -> {receiving block: [the earlier block whose output it is, output position]}
+    skip_sources: dict[str, dict[int, list[int]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,6 +121,7 @@ class Traits:
     mask_lines: list[str] = field(default_factory=list)
     weak_mask: bool | None = None  # every mask nearly all True: mask faults would not show
     per_block_tensors: list[dict[str, Any]] = field(default_factory=list)
+    part_counts: list[dict[str, Any]] = field(default_factory=list)  # integers counting one end of a block's stream
     interleaved: list[list[str]] = field(default_factory=list)  # [list a, list b] whose blocks alternate
     list_layouts: dict[str, str] = field(default_factory=dict)  # block list -> what its block 0 returned
     chunked_modulation: list[str] = field(default_factory=list)

@@ -134,6 +134,7 @@ class Transition:
     flows: dict[int, tuple[str, str]]
     changed_args: list[str]  # arguments other than the flowing ones that differ from block 0's
     from_outputs: list[str] = field(default_factory=list)  # changed arguments that are an earlier block's output
+    sources: dict[str, tuple[int, int]] = field(default_factory=dict)  # such an argument -> (block, output position)
 
 
 @dataclass
@@ -146,7 +147,7 @@ class ListRecord:
     first_outputs: Any = None  # block 0's raw return value
     transitions: list[Transition] = field(default_factory=list)
     _previous: tuple | None = None
-    _outputs: list = field(default_factory=list)  # every tensor the list's blocks returned (first call)
+    _outputs: list = field(default_factory=list)  # (block, output position, tensor) of every tensor returned
 
 
 @dataclass
@@ -317,7 +318,8 @@ class Probe(HookedRecorder):
             if list_record.first_outputs is None:
                 list_record.first_outputs = output
             list_record._previous = as_outputs(output)
-            list_record._outputs += [t for t in list_record._previous or () if isinstance(t, torch.Tensor)]
+            list_record._outputs += [(index, position, t) for position, t in enumerate(list_record._previous or ())
+                                     if isinstance(t, torch.Tensor) and t.numel()]
 
         return pre, post
 
@@ -328,10 +330,12 @@ class Probe(HookedRecorder):
         first = list_record.first_call.bound
         changed = [param for param, argument in call.bound.items()
                    if param not in flowing and (param not in first or same_value(first[param], argument) is None)]
-        earlier = {t.data_ptr() for t in list_record._outputs if t.numel()}
-        from_outputs = [p for p in changed if isinstance(call.bound[p], torch.Tensor) and call.bound[p].numel()
-                        and call.bound[p].data_ptr() in earlier]
-        return Transition(index, flows, changed, from_outputs)
+        earlier = {}  # the first block (in call order) that returned each tensor
+        for block, position, tensor in list_record._outputs:
+            earlier.setdefault((tensor.data_ptr(), tuple(tensor.shape)), (block, position))
+        sources = {p: earlier[(a.data_ptr(), tuple(a.shape))] for p in changed if isinstance(a := call.bound[p],
+                   torch.Tensor) and a.numel() and (a.data_ptr(), tuple(a.shape)) in earlier}
+        return Transition(index, flows, changed, list(sources), sources)
 
     def _attention_hooks(self, record: TransformerRecord, group: str, module):
         def pre(mod, args, kwargs):

@@ -61,6 +61,36 @@ def per_block_tensors(t_name: str, record, lists: list) -> list[dict[str, Any]]:
     return found
 
 
+def part_counts(t_name: str, record, lists: list) -> list[dict[str, Any]]:
+    """Integers a list's blocks receive that count the tokens at one end of their stream (Helios'
+    `original_context_length`: the video tokens after the history the forward prepends). The end is observed, not
+    guessed: a direct child's output (its tokens, grid dimensions flattened) equals the stream's first or last n."""
+    import torch
+
+    found = []
+    for b in lists:
+        lr = record.lists.get(b.attribute)
+        positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
+        hidden = lr.first_call.bound.get(positional[0]) if lr and lr.first_call and positional else None
+        if not isinstance(hidden, torch.Tensor) or hidden.ndim != 3:
+            continue
+        for param, n in lr.first_call.bound.items():
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 < n < hidden.shape[1]:
+                continue
+            for child, out in record.child_outputs.items():
+                for _, t in _leaves(out):
+                    tokens = t.flatten(2).transpose(1, 2) if t.ndim > 3 else t
+                    if tokens.shape != (hidden.shape[0], n, hidden.shape[2]) or tokens.dtype != hidden.dtype:
+                        continue
+                    end = next((e for e, part in (("tail", hidden[:, -n:]), ("head", hidden[:, :n]))
+                                if torch.equal(tokens, part)), None)
+                    where = f"{t_name}.{b.attribute}"
+                    if end and not any((f["list"], f["argument"]) == (where, param) for f in found):
+                        found.append({"list": where, "argument": param, "value": n,
+                                      "tokens": int(hidden.shape[1]), "end": end, "made_by": child})
+    return found
+
+
 def interleaved(record) -> list[tuple[str, str]]:
     """Pairs of block lists whose blocks alternate in the loop (a.0, b.0, a.1, b.1, ...)."""
     order = [e for e in record.events if e.rsplit(".", 1)[0] in record.lists]
@@ -115,6 +145,7 @@ def analyse_traits(transformers: dict, probe, trace, lists: list, sequence_token
         record, tr = probe.transformers[t_name], trace.records[t_name]
         t_lists = [b for b in lists if b.transformer == t_name and b.called]
         traits.per_block_tensors += per_block_tensors(t_name, record, t_lists)
+        traits.part_counts += part_counts(t_name, record, t_lists)
         for a, b in interleaved(record):
             if [f"{t_name}.{b}", f"{t_name}.{a}"] not in traits.interleaved:
                 traits.interleaved.append([f"{t_name}.{a}", f"{t_name}.{b}"])

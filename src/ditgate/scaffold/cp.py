@@ -176,6 +176,15 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
             if "image + text" in table:
                 notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "
                              "split by its output; split the inputs it is made from")
+    for p in a.traits.part_counts:
+        attribute = p["list"].split(".", 1)[-1]
+        if not p["list"].startswith(transformer + ".") or attribute in s.refiners:
+            continue
+        notes.append(f"`{p['argument']}` = {p['value']} reaches every block of `{attribute}` as an integer counting "
+                     f"the {p['end']} of its {p['tokens']}-token sequence (observed: those tokens are `{p['made_by']}`'s "
+                     "output): a split of the sequence would hand every rank the whole count, so each rank gets the "
+                     "count of those tokens in its own share (count_parts); left whole, cp-ulysses-2 fails")
+        code.append(f"    count_parts(transformer, transformer.{attribute}, {p['argument']!r}, {p['end']!r})")
     uneven = {n: v for n, v in (("image", img), ("text", txt if joint else None)) if v and v % 2}
     mask = _text_mask(first, txt) if "text" in uneven and entries and entries[0].startswith(f'"{first.attribute}.0"') \
         else None

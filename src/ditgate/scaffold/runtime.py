@@ -1,7 +1,8 @@
 """Code a scaffolded plugin carries when its plans need more than a plan dict: an attention processor that routes the
 model's own processor's kernel call through cache-dit's `_dispatch_attention_fn` (with the CP config, and a joint
 key mask put in the order Ulysses' all-to-all gives the keys), and a wrapper that runs a sequence-dependent router on
-the whole sequence under CP. `HELPERS` is pasted into the plugin as it is; `write` decides whether it is used.
+the whole sequence under CP, and one that counts per rank an integer the blocks take for the tokens at one end
+of their sequence. `HELPERS` is pasted into the plugin as it is; `write` decides whether it is used.
 """
 
 HELPERS = '''
@@ -223,6 +224,35 @@ def split_dict_output(transformer, module, dims):
         module.forward = SplitDictOutput(transformer, module, dims)
 
 
+class PartCount:
+    """Under CP, an integer a block receives that counts the tokens at one end of its sequence (`end`: "head" or
+    "tail") becomes the count of those tokens in this rank's contiguous share of the split sequence (its first
+    positional input, split before this runs), as the per-token tables split with it."""
+
+    def __init__(self, transformer, block, name, end):
+        self.transformer, self.forward, self.name, self.end = transformer, block.forward, name, end
+        self.signature = inspect.signature(type(block).forward.__get__(block))
+
+    def __call__(self, *args, **kwargs):
+        cp = _cp_config_of(self.transformer)
+        bound = self.signature.bind(*args, **kwargs)
+        count = bound.arguments.get(self.name)
+        if cp is None or not isinstance(count, int):
+            return self.forward(*args, **kwargs)
+        group = cp._flattened_mesh.get_group()
+        local = next(iter(bound.arguments.values())).shape[1]
+        start, total = dist.get_rank(group) * local, local * dist.get_world_size(group)
+        first, last = (total - count, total) if self.end == "tail" else (0, count)
+        bound.arguments[self.name] = max(0, min(last, start + local) - max(first, start))
+        return self.forward(*bound.args, **bound.kwargs)
+
+
+def count_parts(transformer, blocks, name, end):
+    for block in blocks:
+        if not isinstance(block.forward, PartCount):
+            block.forward = PartCount(transformer, block, name, end)
+
+
 class GatheredRouting:
     """Runs a router whose choices depend on the whole sequence (expert-choice) on the whole sequence under CP: its
     sequence-long inputs (dim 1) are gathered from the ranks, its output is cut back to this rank's share."""
@@ -255,93 +285,3 @@ def gather_routing(transformer, modules):
             module.forward = GatheredRouting(transformer, module)
 '''
 
-
-FUNCTOR = '''
-# -- a patch functor written by `ditgate scaffold` (used by block_adapter) ----------------------------------------
-def _signature(block):
-    """The parameters of the block class's own forward (hooks may have wrapped the instance's)."""
-    return inspect.signature(type(block).forward.__get__(block))
-
-
-class _Recorder(torch.nn.Module):
-    """Stands in for one block while the forward runs to record what the loop hands each block: keeps the
-    arguments it is given and returns its stream inputs unchanged, in the order the block returns them."""
-
-    def __init__(self, signature, kept, returns):
-        super().__init__()
-        self.signature, self.kept, self.returns = signature, kept, returns
-
-    def forward(self, *args, **kwargs):
-        bound = self.signature.bind(*args, **kwargs).arguments
-        self.kept.append(bound)
-        out = tuple(bound[name] for name in self.returns)
-        return out if len(out) > 1 else out[0]
-
-
-class BlockLoop(cache_dit.PatchFunctor):
-    """What the block loop does that cache-dit's cached block list does not (the list holds one wrapper during a
-    call, which calls every block with the values the loop computed for the first):
-    `lists` {list: (argument names, the stream inputs the block returns, in order)}: the loop hands each block its
-    own value of those arguments. On each call of the transformer the forward first runs with stand-in blocks that
-    only record what the loop hands each block (no block runs), then runs for real, each block given the values
-    recorded for it. Right while those values do not depend on what the blocks return (they were observed to differ
-    from block to block, not to follow the stream); the cache row's caching-off check tells.
-    `outside` {list: [(index, attribute)]}: the forward reads a block's sub-module outside the loop (DiT's
-    `transformer_blocks[0].norm1.emb`); during a call the wrapper in that place is given the block's sub-module."""
-
-    def __init__(self, lists, outside=None):
-        self.lists, self.outside = lists, outside or {}
-
-    @classmethod
-    def is_from_diffusers(cls, transformer):
-        return True  # written for this model, wherever its class is defined
-
-    def _apply(self, transformer, **kwargs):
-        if getattr(transformer, "_is_patched", False):
-            return transformer
-        recorded = {name: [] for name in self.lists}
-        originals = {name: getattr(transformer, name) for name in {*self.lists, *self.outside}}  # swapped in calls
-        for name, (arguments, _) in self.lists.items():
-            for index, block in enumerate(originals[name]):
-                block.forward = self._own(block, recorded[name], index, arguments)
-        forward = transformer.forward
-
-        @functools.wraps(forward)
-        def patched(*args, **kwargs):
-            for name, reads in self.outside.items():
-                current = getattr(transformer, name)
-                for index, attribute in reads:
-                    if current is not originals[name] and index < len(current):
-                        object.__setattr__(current[index], attribute, getattr(originals[name][index], attribute))
-            if not self.lists:
-                return forward(*args, **kwargs)
-            saved = {name: getattr(transformer, name) for name in self.lists}
-            for name, (_, returns) in self.lists.items():
-                recorded[name].clear()
-                signature = _signature(originals[name][0])
-                setattr(transformer, name, torch.nn.ModuleList(
-                    _Recorder(signature, recorded[name], returns) for _ in range(len(originals[name]))))
-            try:
-                forward(*args, **kwargs)
-            finally:
-                for name, blocks in saved.items():
-                    setattr(transformer, name, blocks)
-            return forward(*args, **kwargs)
-
-        transformer.forward = patched
-        transformer._is_patched = True
-        return transformer
-
-    @staticmethod
-    def _own(block, recorded, index, arguments):
-        signature, forward = _signature(block), block.forward
-
-        @functools.wraps(forward)
-        def own(*args, **kwargs):
-            bound = signature.bind(*args, **kwargs)
-            if index < len(recorded):
-                bound.arguments.update({n: recorded[index][n] for n in arguments if n in recorded[index]})
-            return forward(*bound.args, **bound.kwargs)
-
-        return own
-'''

@@ -41,6 +41,10 @@ def cp_lines(a: "Anatomy") -> list[str]:
     for item in t.per_block_tensors:
         lines.append(f"- `{item['argument']}` {item['shape']} reaches every block of `{_short(item['list'])}` "
                      f"unchanged, dim {item['dim']} as long as its sequence: {item['action']}")
+    for p in t.part_counts:
+        lines.append(f"- `{p['argument']}` = {p['value']} reaches the blocks of `{_short(p['list'])}` counting the "
+                     f"{p['end']} of their {p['tokens']} tokens (`{p['made_by']}`'s output): under CP each rank "
+                     "needs the count of those tokens in its own share")
     for note in t.sequence_routing:
         module = _short(note.split(":", 1)[0])
         lines.append(f"- CP hazard: routing over the whole sequence in `{module}` ({note.split(': ', 1)[-1]}): "

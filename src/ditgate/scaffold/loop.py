@@ -1,0 +1,206 @@
+"""The block-loop PatchFunctor of a scaffolded plugin: `FUNCTOR`, the source of `BlockLoop` pasted into the plugin
+as it is, and its arguments (`_functor`, `_outside`) from what the loop was seen doing around its block calls:
+per-block arguments, a block's sub-module read outside the loop, and skips inside the loop (a block handed an
+earlier block's output). What it does not cover is named NOT HANDLED."""
+
+from __future__ import annotations
+
+
+FUNCTOR = '''
+# -- a patch functor written by `ditgate scaffold` (used by block_adapter) ----------------------------------------
+def _signature(block):
+    """The parameters of the block class's own forward (hooks may have wrapped the instance's)."""
+    return inspect.signature(type(block).forward.__get__(block))
+
+
+class _Recorder(torch.nn.Module):
+    """Stands in for one block while the forward runs to record what the loop hands each block: keeps the
+    arguments it is given and returns its stream inputs unchanged, in the order the block returns them."""
+
+    def __init__(self, signature, kept, returns):
+        super().__init__()
+        self.signature, self.kept, self.returns = signature, kept, returns
+
+    def forward(self, *args, **kwargs):
+        bound = self.signature.bind(*args, **kwargs).arguments
+        self.kept.append(bound)
+        out = tuple(bound[name] for name in self.returns)
+        return out if len(out) > 1 else out[0]
+
+
+class BlockLoop(cache_dit.PatchFunctor):
+    """What the block loop does that cache-dit's cached block list does not (the list holds one wrapper during a
+    call, which calls every block with the values the loop computed for the first):
+    `lists` {list: (argument names, the stream inputs the block returns, in order)}: the loop hands each block its
+    own value of those arguments. On each call of the transformer the forward first runs with stand-in blocks that
+    only record what the loop hands each block (no block runs), then runs for real, each block given the values
+    recorded for it. Right while those values do not depend on what the blocks return (they were observed to differ
+    from block to block, not to follow the stream); the cache row's caching-off check tells.
+    `outside` {list: [(index, attribute)]}: the forward reads a block's sub-module outside the loop (DiT's
+    `transformer_blocks[0].norm1.emb`); during a call the wrapper in that place is given the block's sub-module.
+    `skips` {list: {argument: {block: (earlier block, output position)}}}: the loop hands a block an earlier block's
+    output (a skip stack inside the loop, HunyuanDiT's U-shaped blocks); each call keeps the outputs of those earlier
+    blocks as they run and hands each later block its own, whoever calls the blocks."""
+
+    def __init__(self, lists, outside=None, skips=None):
+        self.lists, self.outside, self.skips = lists, outside or {}, skips or {}
+
+    @classmethod
+    def is_from_diffusers(cls, transformer):
+        return True  # written for this model, wherever its class is defined
+
+    def _apply(self, transformer, **kwargs):
+        if getattr(transformer, "_is_patched", False):
+            return transformer
+        recorded = {name: [] for name in self.lists}
+        originals = {name: getattr(transformer, name) for name in {*self.lists, *self.outside, *self.skips}}
+        for name, (arguments, _) in self.lists.items():
+            for index, block in enumerate(originals[name]):
+                block.forward = self._own(block, recorded[name], index, arguments)
+        kept = {name: {} for name in self.skips}  # this call's outputs of the blocks a later block takes
+        for name, arguments in self.skips.items():
+            sources = {earlier for receivers in arguments.values() for earlier, _ in receivers.values()}
+            for index, block in enumerate(originals[name]):
+                takes = {a: receivers[index] for a, receivers in arguments.items() if index in receivers}
+                if takes or index in sources:
+                    block.forward = self._skip(block, kept[name], index, takes, index in sources)
+        forward = transformer.forward
+
+        @functools.wraps(forward)
+        def patched(*args, **kwargs):
+            for outputs in kept.values():
+                outputs.clear()
+            for name, reads in self.outside.items():
+                current = getattr(transformer, name)
+                for index, attribute in reads:
+                    if current is not originals[name] and index < len(current):
+                        object.__setattr__(current[index], attribute, getattr(originals[name][index], attribute))
+            if not self.lists:
+                return forward(*args, **kwargs)
+            saved = {name: getattr(transformer, name) for name in self.lists}
+            for name, (_, returns) in self.lists.items():
+                recorded[name].clear()
+                signature = _signature(originals[name][0])
+                setattr(transformer, name, torch.nn.ModuleList(
+                    _Recorder(signature, recorded[name], returns) for _ in range(len(originals[name]))))
+            try:
+                forward(*args, **kwargs)
+            finally:
+                for name, blocks in saved.items():
+                    setattr(transformer, name, blocks)
+            return forward(*args, **kwargs)
+
+        transformer.forward = patched
+        transformer._is_patched = True
+        return transformer
+
+    @staticmethod
+    def _own(block, recorded, index, arguments):
+        signature, forward = _signature(block), block.forward
+
+        @functools.wraps(forward)
+        def own(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            if index < len(recorded):
+                bound.arguments.update({n: recorded[index][n] for n in arguments if n in recorded[index]})
+            return forward(*bound.args, **bound.kwargs)
+
+        return own
+
+    @staticmethod
+    def _skip(block, kept, index, takes, source):
+        signature, forward = _signature(block), block.forward
+
+        @functools.wraps(forward)
+        def skip(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            for argument, (earlier, position) in takes.items():
+                if earlier not in kept:
+                    raise RuntimeError(f"block {index} takes block {earlier}'s output as `{argument}`, and block "
+                                       f"{earlier} did not run in this call (a cache that skips it computed block "
+                                       f"{index}): compute both or neither")
+                bound.arguments[argument] = kept[earlier][position]
+            out = forward(*bound.args, **bound.kwargs)
+            if source:
+                kept[index] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            return out
+
+        return skip
+'''
+
+
+def _outside(outside_calls: list[str], transformer: str, lists: list) -> tuple[dict[str, list], list[str]]:
+    """Block sub-modules the forward runs outside the loop (`transformer_blocks.0.norm1.emb`, observed called while
+    its block was not running): {list: [(index, attribute)]} for block 0 (the one place the cached list keeps)."""
+    reads, notes = {}, []
+    names = {b.attribute for b in lists}
+    for call in outside_calls:
+        parts = call.split(" ", 1)[0].split(".")
+        if len(parts) < 4 or parts[0] != transformer or parts[1] not in names or not parts[2].isdigit():
+            continue
+        found = (int(parts[2]), parts[3])
+        if found in reads.get(parts[1], []):
+            continue
+        if found[0]:
+            notes.append(f"NOT HANDLED: the forward reads `{'.'.join(parts[1:4])}` outside the loop; the cached list "
+                         "holds one wrapper in place of the blocks, so that block is not there during a call")
+            continue
+        reads.setdefault(parts[1], []).append(found)
+        notes.append(f"the forward reads `{'.'.join(parts[1:4])}` outside the loop (observed: `{'.'.join(parts[1:])}` "
+                     f"ran while block {found[0]} was not running); during a call the cached list holds one wrapper "
+                     "there: BlockLoop hands the wrapper that sub-module (without it the cache row errors)")
+    return reads, notes
+
+
+SKIP_FINDING = "(a skip inside the loop)"  # ditgate.inspect.blocks.audit_loop's finding, handled by `skips`
+
+
+def _skips(b) -> tuple[dict[str, dict[int, tuple[int, int]]], str]:
+    """`BlockLoop`'s `skips` entry of list `b` (argument -> {block: (earlier block, output position)}) and its note."""
+    skips = {a: {int(j): tuple(src) for j, src in receivers.items()} for a, receivers in b.skip_sources.items()}
+    pairs = "; ".join(f"`{a}`: " + ", ".join(f"block {j} <- block {src[0]}" for j, src in sorted(r.items()))
+                      for a, r in skips.items())
+    return skips, (f"`{b.attribute}`: the loop hands later blocks an earlier block's output (observed, the same "
+                   f"tensor: {pairs}), a skip stack inside the loop; cache-dit's cached block list calls every block "
+                   "with the first one's arguments, so BlockLoop keeps each call's outputs of those earlier blocks "
+                   "and hands each later block its own (without it the cache row errors or departs: the later "
+                   "blocks get no skip)")
+
+
+def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str | None, list[str]]:
+    """The PatchFunctor the block loop needs, from what it was seen doing between block calls: per-block arguments
+    (each block handed its own value, not the previous block's output) are recorded per call and handed back to
+    each block, and an earlier block's output handed to a later block (a skip inside the loop) is kept per call and
+    handed on (`BlockLoop`); a stream the loop changes between blocks, or a module it calls there, is
+    named NOT HANDLED (the fix is the model's own loop moved into a functor by hand)."""
+    entries, skips, notes = [], {}, []
+    for b in lists:
+        if b.stream_changed_between or any("also calls" in f for f in b.loop_findings):
+            notes.append(f"NOT HANDLED: `{b.attribute}`: {'; '.join(b.loop_findings)}; write a PatchFunctor that "
+                         "moves that work into the blocks (cache-dit's HunyuanDiT and ControlNet functors do)")
+            continue
+        if b.skip_sources:
+            skips[b.attribute], note = _skips(b)
+            notes.append(note)
+        if not b.per_block_arguments:
+            left = [f for f in b.loop_findings if SKIP_FINDING not in f]
+            if b.patch_functor_needed and (left or not b.skip_sources or "PatchFunctor" in b.pattern_reason):
+                notes.append(f"NOT HANDLED: `{b.attribute}` needs a PatchFunctor the scaffold does not write: "
+                             f"{'; '.join(left) or b.pattern_reason}")
+            continue
+        positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
+        names = {"hidden_states": positional[0] if positional else None, "encoder_hidden_states": b.encoder_param}
+        returns = [names.get(role) for role in b.outputs or []]
+        if None in returns:
+            notes.append(f"NOT HANDLED: `{b.attribute}` gets per-block {b.per_block_arguments}, and what it returns "
+                         f"({b.outputs}) does not map onto its inputs")
+            continue
+        entries.append(f'"{b.attribute}": ({b.per_block_arguments!r}, {returns!r})')
+        notes.append(f"`{b.attribute}`: block 1 was handed other {b.per_block_arguments} than block 0 (observed), "
+                     "while its stream inputs are the previous block's outputs; cache-dit's cached block list "
+                     "would hand every block the first one's: BlockLoop records each block's own per call "
+                     "and hands it back; without it the cache row's caching-off check departs from the baseline")
+    if not entries and not outside and not skips:
+        return None, notes
+    return "BlockLoop({" + ", ".join(entries) + "}" + (f", outside={outside!r}" if outside else "") \
+        + (f", skips={skips!r}" if skips else "") + ")", notes
