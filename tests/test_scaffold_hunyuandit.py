@@ -57,3 +57,52 @@ def test_hunyuandit_skip_stack_is_handed_on_by_the_functor(run_cli, tmp_path):
                               "--out", tmp_path / "bare", "--json")
     (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
     assert code == 1 and row["status"] == "error" and "got NoneType" in row["reasons"][0], row["reasons"]
+
+
+def test_the_functor_hands_the_skip_on_and_refuses_what_it_cannot_hand():
+    """BlockLoop's source as the plugin carries it, on a four-block U (block 3 takes block 0's output as `skip`):
+    blocks called one by one with the stream alone (as cache-dit's cached list calls them) give the transformer's
+    own output; a call that skips block 0 raises naming both blocks; skips observed on a deeper list raise."""
+    import functools
+    import inspect
+
+    import cache_dit
+    import torch
+
+    from ditgate.scaffold.loop import FUNCTOR
+
+    space = {"functools": functools, "inspect": inspect, "cache_dit": cache_dit, "torch": torch}
+    exec(FUNCTOR, space)  # noqa: S102 - the plugin's own code
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, hidden_states, skip=None):
+            return self.linear(hidden_states if skip is None else hidden_states + skip)
+
+    class U(torch.nn.Module):
+        def __init__(self, run=(0, 1, 2, 3)):
+            super().__init__()
+            torch.manual_seed(0)
+            self.blocks, self.run = torch.nn.ModuleList(Block() for _ in range(4)), run
+
+        def forward(self, x, own_loop=True):
+            first = None
+            for i in self.run:
+                x = self.blocks[i](x, skip=first if own_loop and i == 3 else None)
+                first = x if i == 0 else first
+            return x
+
+    x = torch.randn(2, 4)
+    model = U()
+    with torch.no_grad():
+        expected = model(x)
+        space["BlockLoop"]({}, skips={"blocks": {"skip": {3: (0, 0)}}})._apply(model)
+        assert torch.equal(model(x, own_loop=False), expected) and torch.equal(model(x), expected)
+        model.run = (1, 2, 3)
+        with pytest.raises(RuntimeError, match="block 3 takes block 0's output as `skip`, and block 0 did not run"):
+            model(x, own_loop=False)
+    with pytest.raises(ValueError, match="observed on a list of more blocks"):
+        space["BlockLoop"]({}, skips={"blocks": {"skip": {5: (2, 0)}}})._apply(U())

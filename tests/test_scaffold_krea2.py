@@ -37,3 +37,29 @@ def test_head_counts_under_other_names_and_the_head_gate_are_sharded_with_the_he
         code, row = _row(run_cli, plugin, "tp-2", tmp_path / name)
         assert code == 1 and row["status"] in ("failed", "error"), (name, row)
     assert "no attribute 'heads'" in " ".join(report_rows(tmp_path / "heads")["tp-2"]["reasons"])
+
+
+@pytest.mark.full
+def test_attention_called_before_the_split_runs_whole_without_the_cp_config(run_cli, tmp_path):
+    """Krea 2's text fusion (a child of the transformer holding two attention blocks, outside every block list) runs
+    on the whole text before the split at `transformer_blocks.0` (observed: `text_fusion` first called before that
+    block). Its processor passes on the CP config cache-dit sets on every attention, so the plugin runs those
+    attentions without it (local=True): cp-ulysses-2 passes. On the survey the plugin left them as they were, and
+    Ulysses gathered the whole text from both ranks against a mask of one copy ('tensor a (464) must match the size
+    of tensor b (232)'); the plugin without those lines fails the row again."""
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", "zoo:pipe/krea2", "--out", out, "--rows", "cp-ulysses-2",
+                                "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    assert report_rows(tmp_path / "run")["cp-ulysses-2"]["status"] == "passed"
+    text = out.read_text()
+    local = [f"    route_attention([transformer.get_submodule('text_fusion.{name}_blocks.0.attn')], local=True)\n"
+             for name in ("layerwise", "refiner")]
+    assert all(line in text for line in local) and "NOT HANDLED" not in text, text
+    opposite = text
+    for line in local:
+        opposite = opposite.replace(line, "")
+    plugin = tmp_path / "opposite.py"
+    plugin.write_text(opposite)
+    code, row = _row(run_cli, plugin, "cp-ulysses-2", tmp_path / "opposite")
+    assert code == 1 and row["status"] in ("failed", "error"), row

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sys
 from typing import Any
-from ditgate.inspect.observe import Probe, block_lists, is_attention_module
+from ditgate.inspect.observe import Probe, _group_name, block_lists, is_attention_module
 from ditgate.inspect.model import Attention, AttentionGroup, KERNEL_PACKAGES, Sequence
 
 
@@ -42,9 +42,7 @@ def analyse_attention(transformers: dict[str, Any], probe: Probe, sequence: Sequ
             if not path:
                 continue
             parts = path.split(".")
-            if len(parts) > 1 and parts[0] in lists and parts[1].isdigit():
-                parts[1] = "*"
-            group = ".".join(parts)
+            group = _group_name(path, lists)
             if isinstance(module, torch.nn.Linear) and "qkv" in parts[-1].lower():
                 _add(result.fused_qkv, f"{t_name}.{group}")
             if not is_attention_module(module):

@@ -83,7 +83,8 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
     at_root = {n: (_seq_dim(shape, lengths), len(shape)) for n, shape in root.items()}
     at_root = {n: v for n, v in at_root.items() if v[0] is not None and "mask" not in n.lower()}  # never the stream
     root_ok, why_not = _root_split_ok(observed, transformer)
-    if any(root[n][d] == img for n, (d, _) in at_root.items()) and root_ok:
+    split_at_root = any(root[n][d] == img for n, (d, _) in at_root.items()) and root_ok
+    if split_at_root:
         notes.append(f"the transformer's own inputs carry the {img}-token sequence "
                      f"({', '.join(f'{n} {root[n]}' for n in at_root)}): split them at the root, so every table "
                      "the forward builds from them (RoPE, positions) is built from each rank's share")
@@ -213,7 +214,7 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         entries.append(f'"{last}": _ContextParallelOutput(gather_dim=1, expected_dims=3)')
     else:
         notes.append("NOT HANDLED: no module after the blocks keeps the sequence; no gather point was observed")
-    code += _attention_code(observed, transformer, notes)
+    code += _attention_code(observed, transformer, notes, None if split_at_root else first.attribute)
     code += _routing_code(observed, transformer, notes)
     return entries, notes, code
 
@@ -237,13 +238,32 @@ def _blocks_expr(attribute: str, span_text: str | None, length: int) -> str:
     return f"[transformer.{attribute}[i] for i in {tuple(indices)}]"
 
 
-def _attention_code(observed: Observed, transformer: str, notes: list[str]) -> list[str]:
+def _before_split(observed: Observed, group: str, split_list: str | None) -> bool:
+    """Whether the attention `group` (a path outside every block list) ran before the split: the transformer's child
+    that holds it was first called before the first block of `split_list` (None: the split is at the root)."""
+    order = observed.order
+    top, split = group.split(".", 1)[0], f"{split_list}.0"
+    return split_list is not None and top in order and split in order and order.index(top) < order.index(split)
+
+
+def _attention_code(observed: Observed, transformer: str, notes: list[str], split_list: str | None) -> list[str]:
     """Route the attention groups the split sequence reaches (self or joint) through cache-dit's dispatcher where
-    their processor does not pass the CP config, or where a joint key mask must be reordered for Ulysses."""
+    their processor does not pass the CP config, or where a joint key mask must be reordered for Ulysses; run those
+    it does not reach (refiners, modules called before the split at `split_list`) without the CP config."""
     a = observed.anatomy
     code = []
     for g in a.attention.groups:
         proc = observed.processors.get(g.group, {})
+        if g.transformer == transformer and g.calls and ".*." not in g.group:  # outside every block list
+            where = f"transformer.get_submodule({g.group!r})"
+            if not _before_split(observed, g.group, split_list):
+                notes.append(f"NOT HANDLED: `{g.group}` runs outside the block lists, not observed before the split "
+                             "(the sequence may reach it split): decide its attention under CP by hand")
+                continue
+            why = (f"`{g.group}`: outside the block lists, called before the split at `{split_list}.0` (observed "
+                   "order): its attention runs whole on every rank")
+            code += _whole(why, proc, f"[{where}]", notes)
+            continue
         if g.transformer == transformer and g.kind == "cross" and g.calls and g.mask and proc.get("passes_cp"):
             attribute, _, path = g.group.partition(".*.")
             if not proc.get("routable"):
@@ -263,15 +283,7 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str]) -> l
             why = (f"`{g.group}`: its list refines one part of the sequence before the split (the forward "
                    "concatenates the parts after it): its attention runs whole on every rank")
             attribute, _, path = g.group.partition(".*.")
-            if not proc.get("passes_cp"):
-                notes.append(why + ", unrouted (its processor has no CP config attribute)")
-            elif proc.get("routable"):
-                notes.append(why + ", without the CP config cache-dit sets on its processor (local=True); with it, "
-                             "Ulysses would gather a whole sequence from every rank")
-                code.append(f"    route_attention([block.{path} for block in transformer.{attribute}], local=True)")
-            else:
-                notes.append(f"NOT HANDLED: {why}, but its processor passes the CP config cache-dit sets on it and "
-                             "calls no `dispatch_attention_fn` the scaffold can route: write it to run without it")
+            code += _whole(why, proc, f"[block.{path} for block in transformer.{attribute}]", notes)
             continue
         masked = g.kind == "joint" and g.mask
         uneven = g.kind == "joint" and g.q_len != g.kv_len
@@ -321,6 +333,21 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str]) -> l
         code.append(f"    route_attention([block.{path} for block in transformer.{attribute}], REORDER_MASK, "
                     f"text_first={text_first})")
     return code
+
+
+def _whole(why: str, proc: dict[str, Any], modules: str, notes: list[str]) -> list[str]:
+    """An attention that runs on a whole sequence on every rank: run without the CP config its processor passes on
+    (`modules`: Python for the attention modules)."""
+    if not proc.get("passes_cp"):
+        notes.append(why + ", unrouted (its processor has no CP config attribute)")
+        return []
+    if not proc.get("routable"):
+        notes.append(f"NOT HANDLED: {why}, but its processor passes the CP config cache-dit sets on it and "
+                     "calls no `dispatch_attention_fn` the scaffold can route: write it to run without it")
+        return []
+    notes.append(why + ", without the CP config cache-dit sets on its processor (local=True); with it, "
+                 "Ulysses would gather a whole sequence from every rank")
+    return [f"    route_attention({modules}, local=True)"]
 
 
 def _routing_code(observed: Observed, transformer: str, notes: list[str]) -> list[str]:

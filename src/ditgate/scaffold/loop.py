@@ -60,6 +60,11 @@ class BlockLoop(cache_dit.PatchFunctor):
         kept = {name: {} for name in self.skips}  # this call's outputs of the blocks a later block takes
         for name, arguments in self.skips.items():
             sources = {earlier for receivers in arguments.values() for earlier, _ in receivers.values()}
+            last = max(j for receivers in arguments.values() for j in receivers)
+            if last >= len(originals[name]):  # observed on a deeper model: its pairs do not fit these blocks
+                raise ValueError(f"BlockLoop's skips of `{name}` were observed on a list of more blocks (block "
+                                 f"{last}); this transformer has {len(originals[name])} (a twin cut shorter?): "
+                                 "run it on the model it was observed on")
             for index, block in enumerate(originals[name]):
                 takes = {a: receivers[index] for a, receivers in arguments.items() if index in receivers}
                 if takes or index in sources:

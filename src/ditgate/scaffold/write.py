@@ -25,14 +25,17 @@ class Observed:
     roots: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # transformer -> input name -> shape
     child_inputs: dict[str, list[list[int]]] = field(default_factory=dict)  # transformer child -> its tensor inputs
     processors: dict[str, dict[str, Any]] = field(default_factory=dict)  # attention group -> what its processor does
+    order: list[str] = field(default_factory=list)  # transformer children and first blocks ("list.0"), as first called
 
 
 def observe(model) -> Observed:
     """The anatomy of `model` on its call, with each transformer's first-call inputs (tensor shapes by name), the
-    tensor inputs of its direct children on that call, and what each attention group's processor passes on."""
+    tensor inputs of its direct children (and each block list's first block) on that call, the order they were first
+    called in, and what each attention group's processor passes on."""
     import torch
 
     from ditgate.inspect.anatomy import classify_components, inspect_model
+    from ditgate.inspect.observe import block_lists
 
     seen = Observed(None)
     handles = []
@@ -49,8 +52,11 @@ def observe(model) -> Observed:
                 seen.roots[name] = {k: list(v.shape) for k, v in bound.items() if isinstance(v, torch.Tensor)}
                 return None
             handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-            for child_name, child in module.named_children():
+            firsts = [(f"{attribute}.0", blocks[0]) for attribute, blocks in block_lists(module).items() if blocks]
+            for child_name, child in [*module.named_children(), *firsts]:
                 def child_pre(mod, args, kwargs, key=child_name):
+                    if key not in seen.order:
+                        seen.order.append(key)
                     if key not in seen.child_inputs:
                         seen.child_inputs[key] = [list(a.shape) for a in (*args, *kwargs.values())
                                                   if isinstance(a, torch.Tensor)]
@@ -66,7 +72,7 @@ def observe(model) -> Observed:
 
 
 def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> None:
-    """Per attention group (`list.*.path`): whether its processor carries a CP config attribute, whether its code calls
+    """Per attention group (`list.*.path`, or the path of a module outside every block list): whether its processor carries a CP config attribute, whether its code calls
     `dispatch_attention_fn` (so the call can be routed), the int attributes TP must divide (the query and key/value
     head counts whatever their name, inner widths; never a per-head size), and
     (filled on the call) the keyword tables it receives with one row per head (`head_tables`: Mochi's RoPE, learned
@@ -76,38 +82,39 @@ def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> N
     import torch
 
     from ditgate.inspect.attention import _module_heads
-    from ditgate.inspect.observe import block_lists, is_attention_module
+    from ditgate.inspect.observe import _group_name, block_lists, is_attention_module
 
-    for attribute, blocks in block_lists(transformer).items():
-        for path, module in blocks[0].named_modules():
-            if not is_attention_module(module) or f"{attribute}.*.{path}" in out:
-                continue
-            processor = getattr(module, "processor", None)
-            namespace = vars(sys.modules.get(type(processor).__module__, pyinspect)) if processor is not None else {}
-            widths = {getattr(getattr(module, n, None), "out_features", None) for n in ("to_q", "to_k", "to_v")}
-            heads, kv_heads, head_dim = _module_heads(module)  # as inspect reads them (kv heads: to_k width / head size)
-            try:  # a CP config attribute counts only where the processor's code hands it on
-                code = pyinspect.getsource(type(processor).__call__) if processor is not None else ""
-            except (OSError, TypeError):
-                code = ""
-            # widths TP divides: head counts and inner widths, and any width the processor reshapes with (OmniGen's
-            # `attn.out_dim`, the heads' joint width before the output projection)
-            divide = [n for n, v in vars(module).items() if isinstance(v, int) and not isinstance(v, bool)
-                      and ("head" in n or "inner" in n or f"attn.{n}" in code)
-                      and (v in widths or v in (heads, kv_heads) and not (v == head_dim and "dim" in n))]
-            group = out[f"{attribute}.*.{path}"] = {
-                "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
-                                 for n in ("_parallel_config", "_cp_config")),
-                "routable": "dispatch_attention_fn" in namespace or "scaled_dot_product_attention" in code,
-                "divide": divide, "head_tables": [], "heads": heads, "text_first_in_code": _text_first(code)}
+    lists = set(block_lists(transformer))
+    for path, module in transformer.named_modules():  # a block list's first block stands for the list's group
+        key = _group_name(path, lists)
+        if not is_attention_module(module) or key in out:
+            continue
+        processor = getattr(module, "processor", None)
+        namespace = vars(sys.modules.get(type(processor).__module__, pyinspect)) if processor is not None else {}
+        widths = {getattr(getattr(module, n, None), "out_features", None) for n in ("to_q", "to_k", "to_v")}
+        heads, kv_heads, head_dim = _module_heads(module)  # as inspect reads them (kv heads: to_k width / head size)
+        try:  # a CP config attribute counts only where the processor's code hands it on
+            code = pyinspect.getsource(type(processor).__call__) if processor is not None else ""
+        except (OSError, TypeError):
+            code = ""
+        # widths TP divides: head counts and inner widths, and any width the processor reshapes with (OmniGen's
+        # `attn.out_dim`, the heads' joint width before the output projection)
+        divide = [n for n, v in vars(module).items() if isinstance(v, int) and not isinstance(v, bool)
+                  and ("head" in n or "inner" in n or f"attn.{n}" in code)
+                  and (v in widths or v in (heads, kv_heads) and not (v == head_dim and "dim" in n))]
+        group = out[key] = {
+            "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
+                             for n in ("_parallel_config", "_cp_config")),
+            "routable": "dispatch_attention_fn" in namespace or "scaled_dot_product_attention" in code,
+            "divide": divide, "head_tables": [], "heads": heads, "text_first_in_code": _text_first(code)}
 
-            def tables(mod, args, kwargs, group=group, heads=heads):
-                for name, value in kwargs.items():
-                    leaves = value if isinstance(value, (tuple, list)) else [value]
-                    if heads and heads > 1 and name not in group["head_tables"] and any(
-                            isinstance(x, torch.Tensor) and x.ndim >= 3 and x.shape[-2] == heads for x in leaves):
-                        group["head_tables"].append(name)
-            handles.append(module.register_forward_pre_hook(tables, with_kwargs=True))
+        def tables(mod, args, kwargs, group=group, heads=heads):
+            for name, value in kwargs.items():
+                leaves = value if isinstance(value, (tuple, list)) else [value]
+                if heads and heads > 1 and name not in group["head_tables"] and any(
+                        isinstance(x, torch.Tensor) and x.ndim >= 3 and x.shape[-2] == heads for x in leaves):
+                    group["head_tables"].append(name)
+        handles.append(module.register_forward_pre_hook(tables, with_kwargs=True))
 
 
 def _text_first(code: str) -> bool | None:
