@@ -1,53 +1,26 @@
 """`ditgate scaffold` on OmniGen: TP divides the width its attention processor reshapes the heads' output to."""
 
 import builtins
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 from test_scaffold import report_rows
 
-# OmniGenPipeline builds its multimodal processor with torchvision's image transforms, and diffusers leaves the
-# processor's name undefined where torchvision does not load (a CPU torch with a torchvision built for CUDA, as on the
-# development machine). A text-only call never transforms an image, so where torchvision is missing the processor is
-# made with transforms that refuse to run. Every rank is its own process: they get it through a sitecustomize.py.
-_STAND_IN = '''
-import builtins, types
-
-class _NoImageTransform:
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, image):
-        raise RuntimeError("torchvision does not load here: OmniGen's input-image transforms cannot run")
-
-def OmniGenMultiModalProcessor(*args, **kwargs):
-    import diffusers.pipelines.omnigen.processor_omnigen as module
-    module.transforms = types.SimpleNamespace(Compose=_NoImageTransform, Lambda=_NoImageTransform,
-                                              ToTensor=_NoImageTransform, Normalize=_NoImageTransform)
-    return module.OmniGenMultiModalProcessor(*args, **kwargs)
-
-if not hasattr(builtins, "OmniGenMultiModalProcessor"):
-    builtins.OmniGenMultiModalProcessor = OmniGenMultiModalProcessor
-'''
+STAND_INS = Path(__file__).parent / "stand_ins"
 
 
 @pytest.fixture
-def omnigen_builds(tmp_path, monkeypatch):
-    """OmniGenPipeline can be built in this process and in every rank's."""
-    try:
-        import torchvision.transforms  # noqa: F401
-        yield
-        return
-    except Exception:  # a torchvision that does not load raises RuntimeError, not only ImportError
-        pass
-    folder = tmp_path / "stand_in"
-    folder.mkdir()
-    (folder / "sitecustomize.py").write_text(_STAND_IN)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
-    namespace: dict = {}
-    exec(compile(_STAND_IN, "stand_in", "exec"), namespace)
+def omnigen_builds(monkeypatch):
+    """OmniGenPipeline can be built in this process and in every rank's, with torchvision or without it
+    (tests/stand_ins/sitecustomize.py)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(STAND_INS), os.environ.get("PYTHONPATH")])))
+    before = getattr(builtins, "OmniGenMultiModalProcessor", None)
+    spec = importlib.util.spec_from_file_location("omnigen_stand_in", STAND_INS / "sitecustomize.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
     yield
-    if getattr(builtins, "OmniGenMultiModalProcessor", None) is namespace["OmniGenMultiModalProcessor"]:
+    if before is None and hasattr(builtins, "OmniGenMultiModalProcessor"):
         del builtins.OmniGenMultiModalProcessor
 
 
