@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def last_time(e: Entry) -> float:
         was = before.get(e.name)
-        return (was.seconds + (was.scaffold or {}).get("seconds", 0) or 0) if was else 0.0
+        return ((was.seconds or 0) + ((was.scaffold or {}).get("seconds") or 0)) if was else 0.0
 
     todo.sort(key=last_time, reverse=True)  # the slowest first, so that the last to end is a short one
 
