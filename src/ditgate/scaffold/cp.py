@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ditgate.scaffold.packed import _packed_cp
+
 Observed = Any  # ditgate.scaffold.write.Observed (imported by that module, so named here without importing it)
 SPLIT = "_ContextParallelInput(split_dim={dim}, expected_dims={ndim}, split_output={out})"
 
@@ -74,6 +76,8 @@ def _root_split_ok(observed: Observed, transformer: str) -> tuple[bool, str]:
 
 def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[str], list[str]]:
     """(plan entries, comments, code run before the plan is returned) of the CP plan."""
+    if observed.anatomy.sequence.packed:  # batch-less [tokens, features] streams
+        return _packed_cp(observed, transformer, first)
     a = observed.anatomy
     s = a.sequence
     img, txt, joint = s.image_tokens, s.text_tokens, s.joint

@@ -75,11 +75,11 @@ def observe(model) -> Observed:
 
 
 def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> None:
-    """Per attention group (`list.*.path`, or the path of a module outside every block list): whether its processor carries a CP config attribute, whether its code calls
-    `dispatch_attention_fn` (so the call can be routed), the int attributes TP must divide (the query and key/value
-    head counts whatever their name, inner widths; never a per-head size), and
-    (filled on the call) the keyword tables it receives with one row per head (`head_tables`: Mochi's RoPE, learned
-    per head, [tokens, heads, dim])."""
+    """Per attention group (`list.*.path`, or the path of a module outside every block list): whether its processor
+    carries a CP config attribute, whether its code calls `dispatch_attention_fn` (so the call can be routed), the int
+    attributes TP must divide (the query and key/value head counts whatever their name, inner widths, a width the
+    processor computes with; never a per-head size), and (filled on the call) the keyword tables it receives with one
+    row per head (`head_tables`: Mochi's RoPE, learned per head, [tokens, heads, dim])."""
     import sys
 
     import torch
@@ -101,9 +101,11 @@ def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> N
         except (OSError, TypeError):
             code = ""
         # widths TP divides: head counts and inner widths, and any width the processor reshapes with (OmniGen's
-        # `attn.out_dim`, the heads' joint width before the output projection)
+        # `attn.out_dim`, the heads' joint width before the output projection); an attribute the code only tests
+        # against None (Flux's `attn.added_kv_proj_dim is not None`, the text's input width) shapes nothing
+        used = set(re.findall(r"\battn\.(\w+)\b(?!\s+is\b)", code))
         divide = [n for n, v in vars(module).items() if isinstance(v, int) and not isinstance(v, bool)
-                  and ("head" in n or "inner" in n or f"attn.{n}" in code)
+                  and ("head" in n or "inner" in n or n in used)
                   and (v in widths or v in (heads, kv_heads) and not (v == head_dim and "dim" in n))]
         group = out[key] = {
             "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
@@ -139,6 +141,10 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
         shape = [int(x) for x in re.findall(r"\d+", layout.split("]")[0])] if layout.startswith("tensor[") else []
         found = [d for d in range(len(shape) - 1) if shape[d] == a.sequence.image_tokens]  # never the features
         dims[b.attribute] = 1 if not found or 1 in found else found[0]
+        if a.sequence.packed and b.attribute == a.sequence.block_list:  # [tokens, features] streams: dim 0 of each
+            dims[b.attribute] = (0,) * len(b.outputs or [0]) if len(b.outputs or []) > 1 else 0
+            why.append(f"`{b.attribute}` returns {', '.join(b.output_shapes)}, batch-less: tokens on dim 0")
+            continue
         why.append(f"`{b.attribute}` returns {layout or 'an unobserved layout'}")
         if len(b.outputs or []) == 2 and b.encoder_param and not a.sequence.joint:  # the text it returns stays whole
             dims[b.attribute] = (dims[b.attribute], None)
@@ -276,7 +282,7 @@ def plugin_source(observed: Observed) -> str:
         if not plan:
             tp.append("    #   nothing sharded")
             continue
-        attn = sorted({k.rsplit(".to_", 1)[0] for k in plan if ".to_out.0" in k})
+        attn = sorted({k.rsplit(".to_", 1)[0] for k in plan if k.endswith((".to_out.0", ".to_out"))})
         tp.append("    plan = {" + ", ".join(f'"{k}": {v}' for k, v in plan.items()) + "}")
         for b in listed:
             tp += [f"    for block in {_blocks_expr(b.attribute, span_text.rstrip(']'), b.length)}:"]
