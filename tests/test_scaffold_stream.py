@@ -180,3 +180,29 @@ def test_bria_fibo_loop_work_moves_into_the_blocks_and_the_text_layers_are_split
                          "float32", "--out", tmp_path / "whole", "-q")
     row = report_rows(tmp_path / "whole")["cp-ulysses-2"]
     assert code == 1 and row["status"] == "error" and "Sizes of tensors must match" in row["reasons"][0], row
+
+
+@pytest.mark.full
+def test_hidream_blocks_take_the_cached_call_by_name_and_redo_the_loops_work(run_cli, tmp_path):
+    """zoo:pipe/hidream: its double block takes `hidden_states_masks` second, where cache-dit's cached list passes
+    `encoder_hidden_states`, and its single-block loop joins a per-block text layer to the stream and cuts it back
+    after each block (a block counter run on from the double blocks). The scaffold's BlockLoop passes the streams on
+    by name (`calls`) and has each block redo the loop's work (`between`): the cache row passes, caching off max-abs
+    0. Without `calls` the cache row errors (multiple values for `hidden_states_masks`); without `between` it
+    departs from the baseline with caching off."""
+    out = tmp_path / "hidream.py"
+    run_cli("scaffold", "zoo:pipe/hidream", "--out", out, "--rows", "cache", "--run-dir", tmp_path / "run")
+    text = out.read_text()
+    between = ("between={'single_stream_blocks': ['hidden_states'], 'double_stream_blocks': ['hidden_states', "
+               "'encoder_hidden_states']}")
+    calls = "calls={'double_stream_blocks': ['hidden_states', 'encoder_hidden_states']}"
+    assert f"patch_functor=BlockLoop({{}}, {between}, {calls}))" in text, text
+    row = report_rows(tmp_path / "run")["cache"]
+    assert row["status"] == "passed" and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["reasons"]
+    for name, plugin, expect in (("no_calls", text.replace(f", {calls}", ""), "multiple values"),
+                                 ("no_between", text.replace(f"{between}, ", ""), "caching off")):
+        (tmp_path / f"{name}.py").write_text(plugin)
+        code, _, _ = run_cli("run", "zoo:pipe/hidream", "--rows", "cache", "--integration", tmp_path / f"{name}.py",
+                             "--dtype", "float32", "--out", tmp_path / name, "-q")
+        row = report_rows(tmp_path / name)["cache"]
+        assert code == 1 and expect in " ".join(row["reasons"]), (name, row["reasons"])

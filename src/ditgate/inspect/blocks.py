@@ -150,6 +150,9 @@ def choose_pattern(block: BlockList, params: list[Param], call_positional: int, 
         block.pattern_reason = ("the outputs match " + candidates[0] + ", but the loop calls the block in a way the "
                                 "cached blocks cannot forward (" + "; ".join(failures) + "): a PatchFunctor must "
                                 "make the loop pass hidden_states (and encoder_hidden_states) first")
+        streams = list(ForwardPattern[block.pattern].In)  # what the cached list passes first, by position
+        if set(streams) <= set(call_keywords) & names:  # the loop names them: a wrapper can pass them by name
+            block.call_form = streams
     missing = [n for n in ForwardPattern[block.pattern].In if n not in names]
     block.check_forward_pattern = not missing
     if missing:

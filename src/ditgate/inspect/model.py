@@ -58,6 +58,9 @@ class BlockList:
     loop_findings: list[str] = field(default_factory=list)
     per_block_arguments: list[str] = field(default_factory=list)  # arguments the loop gives each block its own of
     stream_changed_between: bool = False  # the loop changes the hidden stream between two block calls
+    # the stream inputs cache-dit's cached list passes first by position, which the block takes elsewhere and the
+    # loop passes by name (BlockLoop's `calls` passes them on by name)
+    call_form: list[str] = field(default_factory=list)
     chained: bool = True  # some block was handed the previous block's output or a part of it (False: no loop)
     # a skip inside the loop: argument -> {receiving block: [the earlier block whose output it is, output position]}
     skip_sources: dict[str, dict[int, list[int]]] = field(default_factory=dict)

@@ -109,10 +109,13 @@ class BlockLoop(cache_dit.PatchFunctor):
     (cuts, joins, projects it); while cache-dit's cached list stands for the blocks, each call first runs the forward
     with stand-in blocks under a `_Trace`, which records what the loop does to each block's outputs before the next
     block gets them, and each block but the first redoes that work on the previous block's outputs itself. Right
-    while that work does not depend on the values the blocks return (the caching-off check tells)."""
+    while that work does not depend on the values the blocks return (the caching-off check tells).
+    `calls` {list: stream inputs}: cache-dit's cached list passes these first by position, which the block takes
+    elsewhere (HiDream's `hidden_states_masks` second); each block takes them by position and passes them by name."""
 
-    def __init__(self, lists, outside=None, skips=None, between=None):
+    def __init__(self, lists, outside=None, skips=None, between=None, calls=None):
         self.lists, self.outside, self.skips, self.between = lists, outside or {}, skips or {}, between or {}
+        self.calls = calls or {}
 
     @classmethod
     def is_from_diffusers(cls, transformer):
@@ -131,6 +134,9 @@ class BlockLoop(cache_dit.PatchFunctor):
             for index, block in enumerate(originals[name]):
                 block.forward = self._between(block, index, name, outputs, traces, finals,
                                               {n: len(originals[n]) for n in self.between})
+        for name, streams in self.calls.items():
+            for block in getattr(transformer, name):
+                block.forward = self._by_name(block.forward, streams)
         for name, (arguments, _) in self.lists.items():
             for index, block in enumerate(originals[name]):
                 block.forward = self._own(block, recorded[name], index, arguments)
@@ -204,6 +210,14 @@ class BlockLoop(cache_dit.PatchFunctor):
             return forward(*bound.args, **bound.kwargs)
 
         return own
+
+    @staticmethod
+    def _by_name(forward, streams):
+        @functools.wraps(forward)
+        def by_name(*args, **kwargs):
+            return forward(*args[len(streams):], **dict(zip(streams, args)), **kwargs)
+
+        return by_name
 
     @staticmethod
     def _final(finals, name, module, args, output):
@@ -304,8 +318,13 @@ def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str |
     handed on, and the work the loop does on the stream between blocks is traced per call and redone by each block
     (`BlockLoop`); that work next to skips, per-block arguments or a reordered loop is named NOT HANDLED (the fix is
     the model's own loop moved into a functor by hand)."""
-    entries, skips, between, notes = [], {}, {}, []
+    entries, skips, between, calls, notes = [], {}, {}, {}, []
     for b in lists:
+        if b.call_form:
+            calls[b.attribute] = b.call_form
+            notes.append(f"`{b.attribute}`: cache-dit's cached block list passes {b.call_form} first by position, "
+                         "which the block takes elsewhere, and the loop passes them by name (observed): BlockLoop "
+                         "passes them on by name (without it the cache row errors: multiple values for an argument)")
         work = [f for f in b.loop_findings if "changes between block" in f or "also calls" in f]
         if b.stream_changed_between and len(work) == len(b.loop_findings) and None not in _returns(b) \
                 and not b.skip_sources and not b.per_block_arguments:
@@ -324,7 +343,8 @@ def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str |
             notes.append(note)
         if not b.per_block_arguments:
             left = [f for f in b.loop_findings if SKIP_FINDING not in f]
-            if b.patch_functor_needed and (left or not b.skip_sources or "PatchFunctor" in b.pattern_reason):
+            pattern_left = "PatchFunctor" in b.pattern_reason and not b.call_form
+            if b.patch_functor_needed and (left or pattern_left or not b.skip_sources and not b.call_form):
                 notes.append(f"NOT HANDLED: `{b.attribute}` needs a PatchFunctor the scaffold does not write: "
                              f"{'; '.join(left) or b.pattern_reason}")
             continue
@@ -338,10 +358,18 @@ def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str |
                      "while its stream inputs are the previous block's outputs; cache-dit's cached block list "
                      "would hand every block the first one's: BlockLoop records each block's own per call "
                      "and hands it back; without it the cache row's caching-off check departs from the baseline")
-    if not entries and not outside and not skips and not between:
+    others = [b for b in lists if between and b.attribute not in between and not b.loop_findings
+              and None not in _returns(b)]
+    for b in others:  # stood in for too while the loop's work is traced, whose outputs a later list's work may read
+        between[b.attribute] = _returns(b)
+    if others:
+        notes.append(f"{', '.join(f'`{b.attribute}`' for b in others)}: no work between its blocks; stood in for "
+                     "too while the loop's work is traced (a later list's first block may be made from its outputs)")
+    if not entries and not outside and not skips and not between and not calls:
         return None, notes
     return "BlockLoop({" + ", ".join(entries) + "}" + (f", outside={outside!r}" if outside else "") \
-        + (f", skips={skips!r}" if skips else "") + (f", between={between!r}" if between else "") + ")", notes
+        + (f", skips={skips!r}" if skips else "") + (f", between={between!r}" if between else "") \
+        + (f", calls={calls!r}" if calls else "") + ")", notes
 
 
 def _returns(b) -> list[str | None]:
