@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ditgate.scaffold.grid import grid_lists
+
 Observed = Any  # ditgate.scaffold.write.Observed (imported by that module, so named here without importing it)
 SPLIT = "_ContextParallelInput(split_dim={dim}, expected_dims={ndim}, split_output={out})"
 
@@ -176,6 +178,9 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
             if "image + text" in table:
                 notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "
                              "split by its output; split the inputs it is made from")
+    grid_notes, code_grid, gathered = grid_lists(observed, transformer, entries)
+    notes += grid_notes
+    code += code_grid
     for p in a.traits.part_counts:
         attribute = p["list"].split(".", 1)[-1]
         if not p["list"].startswith(transformer + ".") or attribute in s.refiners:
@@ -214,7 +219,7 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         entries.append(f'"{last}": _ContextParallelOutput(gather_dim=1, expected_dims=3)')
     else:
         notes.append("NOT HANDLED: no module after the blocks keeps the sequence; no gather point was observed")
-    code += _attention_code(observed, transformer, notes, None if split_at_root else first.attribute)
+    code += _attention_code(observed, transformer, notes, None if split_at_root else first.attribute, gathered)
     code += _routing_code(observed, transformer, notes)
     return entries, notes, code
 
@@ -246,10 +251,12 @@ def _before_split(observed: Observed, group: str, split_list: str | None) -> boo
     return split_list is not None and top in order and split in order and order.index(top) < order.index(split)
 
 
-def _attention_code(observed: Observed, transformer: str, notes: list[str], split_list: str | None) -> list[str]:
+def _attention_code(observed: Observed, transformer: str, notes: list[str], split_list: str | None,
+                    gathered: set[str] = frozenset()) -> list[str]:
     """Route the attention groups the split sequence reaches (self or joint) through cache-dit's dispatcher where
     their processor does not pass the CP config, or where a joint key mask must be reordered for Ulysses; run those
-    it does not reach (refiners, modules called before the split at `split_list`) without the CP config."""
+    it does not reach (refiners, modules called before the split at `split_list`, lists whose blocks run on the
+    gathered sequence) without the CP config."""
     a = observed.anatomy
     code = []
     for g in a.attention.groups:
@@ -263,6 +270,16 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str], spli
             why = (f"`{g.group}`: outside the block lists, called before the split at `{split_list}.0` (observed "
                    "order): its attention runs whole on every rank")
             code += _whole(why, proc, f"[{where}]", notes)
+            continue
+        attribute, _, path = g.group.partition(".*.")
+        if g.transformer == transformer and g.calls and attribute in gathered:
+            why = f"`{g.group}` ({g.processor}): its blocks run on the gathered sequence: its attention runs whole"
+            code += _whole(why, proc, f"[block.{path} for block in transformer.{attribute}]", notes)
+            continue
+        if g.transformer == transformer and g.calls and g.kind is None and attribute not in a.sequence.refiners:
+            notes.append(f"NOT HANDLED: `{g.group}` ({g.processor}) was called but no attention kernel (SDPA, "
+                         "dispatch_attention_fn) was seen in it (a linear attention, or one written out by hand): "
+                         "split, it would attend over this rank's share only; decide its CP by hand")
             continue
         if g.transformer == transformer and g.kind == "cross" and g.calls and g.mask and proc.get("passes_cp"):
             attribute, _, path = g.group.partition(".*.")
