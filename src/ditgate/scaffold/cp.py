@@ -114,7 +114,8 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         every = {}
         if joint and text:
             returned = text == first.encoder_param  # the blocks hand it on; else the forward gives each block its own
-            (split if returned else every)[text] = SPLIT.format(dim=1, ndim=3, out=False)
+            text_split = SPLIT.format(dim=1, ndim=3, out=False)  # at every block: one split of the whole argument
+            (split if returned else every)[text] = text_split if returned else {None: text_split}
             notes.append(f"joint attention (keys hold image and text): the text stream `{text}` "
                          f"{first.call['inputs'].get(text)} is split with the image" + (
                              "" if returned else f", at every block (`{first.attribute}.*`: the blocks do not return "
