@@ -246,14 +246,20 @@ def _judge_columns(entry: Entry, folder: Path, steps: dict, skip_parallel: bool)
             if report is None:
                 break
             continue
-        passed = got.get("status") == "passed"
-        entry.cells[row] = "pass" if passed else "FAIL"
-        if not passed and not base_failed:
+        entry.cells[row] = cell(got)
+        if entry.cells[row] != "pass" and not base_failed:
             entry.reasons.append(f"{row}: {survey_steps.row_reason(got)}")
     for row in rows:
         entry.cells.setdefault(row, "FAIL")
     if "twin" in steps:
         twin_cell(entry, steps, rows, Path(f"{folder}.twin.run") / "report.json", by_name)
+
+
+def cell(row: dict | None) -> str:
+    """A row's cell: pass, FAIL, or inconclusive where its gate could not judge (its reason says why): neither a
+    pass nor a failure, and left out of the totals' tried count."""
+    status = (row or {}).get("status")
+    return "pass" if status == "passed" else "inconclusive" if status == "inconclusive" else "FAIL"
 
 
 def twin_cell(entry: Entry, steps: dict, rows: list[str], report_path: Path, tiny: dict | None = None) -> None:
@@ -274,7 +280,7 @@ def twin_cell(entry: Entry, steps: dict, rows: list[str], report_path: Path, tin
     differ = []
     for row in rows:
         got = twin_rows.get(row)
-        verdict = "pass" if got and got.get("status") == "passed" else "FAIL"
+        verdict = cell(got)
         mine = (tiny or {}).get(row)
         if got and mine and got.get("phase") == "cache" and got.get("status") != "error" \
                 and mine.get("status") != "error":
@@ -321,7 +327,8 @@ def markdown(done: list[Entry], missing: dict[str, list[str]], runs: list[dict])
     for c in COLUMNS:
         ok = sum(e.cells.get(c) in ("yes", "pass", "agree") for e in done)
         tried = sum(e.cells.get(c) in ("yes", "no", "pass", "FAIL", "agree", "DIFFER", "no twin") for e in done)
-        lines.append(f"- {c}: {ok} of {tried} tried")
+        unjudged = sum(e.cells.get(c) == "inconclusive" for e in done)
+        lines.append(f"- {c}: {ok} of {tried} tried" + (f" ({unjudged} more inconclusive)" if unjudged else ""))
     lines.append(f"- families covered: {len({e.family for e in done})}")
     lines += survey_scaffold.markdown(done)
     if missing:
@@ -420,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def last_time(e: Entry) -> float:
         was = before.get(e.name)
-        return (was.seconds + (was.scaffold or {}).get("seconds", 0) or 0) if was else 0.0
+        return ((was.seconds or 0) + ((was.scaffold or {}).get("seconds") or 0)) if was else 0.0
 
     todo.sort(key=last_time, reverse=True)  # the slowest first, so that the last to end is a short one
 

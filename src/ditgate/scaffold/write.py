@@ -72,11 +72,11 @@ def observe(model) -> Observed:
 
 
 def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> None:
-    """Per attention group (`list.*.path`, or the path of a module outside every block list): whether its processor carries a CP config attribute, whether its code calls
-    `dispatch_attention_fn` (so the call can be routed), the int attributes TP must divide (the query and key/value
-    head counts whatever their name, inner widths; never a per-head size), and
-    (filled on the call) the keyword tables it receives with one row per head (`head_tables`: Mochi's RoPE, learned
-    per head, [tokens, heads, dim])."""
+    """Per attention group (`list.*.path`, or the path of a module outside every block list): whether its processor
+    carries a CP config attribute, whether its code calls `dispatch_attention_fn` (so the call can be routed), the int
+    attributes TP must divide (the query and key/value head counts whatever their name, inner widths, a width the
+    processor computes with; never a per-head size), and (filled on the call) the keyword tables it receives with one
+    row per head (`head_tables`: Mochi's RoPE, learned per head, [tokens, heads, dim])."""
     import sys
 
     import torch
@@ -98,9 +98,11 @@ def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> N
         except (OSError, TypeError):
             code = ""
         # widths TP divides: head counts and inner widths, and any width the processor reshapes with (OmniGen's
-        # `attn.out_dim`, the heads' joint width before the output projection)
+        # `attn.out_dim`, the heads' joint width before the output projection); an attribute the code only tests
+        # against None (Flux's `attn.added_kv_proj_dim is not None`, the text's input width) shapes nothing
+        used = set(re.findall(r"\battn\.(\w+)\b(?!\s+is\b)", code))
         divide = [n for n, v in vars(module).items() if isinstance(v, int) and not isinstance(v, bool)
-                  and ("head" in n or "inner" in n or f"attn.{n}" in code)
+                  and ("head" in n or "inner" in n or n in used)
                   and (v in widths or v in (heads, kv_heads) and not (v == head_dim and "dim" in n))]
         group = out[key] = {
             "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
