@@ -24,6 +24,8 @@ def _module_heads(module) -> tuple[int | None, int | None, int | None]:
     head_dim = getattr(module, "head_dim", None) if isinstance(getattr(module, "head_dim", None), int) else None
     if head_dim is None and heads and q_out:
         head_dim = q_out // heads
+    if heads is None and head_dim and q_out and q_out % head_dim == 0:  # the head count under another name
+        heads = q_out // head_dim
     kv_heads = getattr(module, "kv_heads", None) if isinstance(getattr(module, "kv_heads", None), int) else None
     if kv_heads is None and head_dim and k_out:
         kv_heads = k_out // head_dim
@@ -182,7 +184,7 @@ def tp_survey(transformers: dict[str, Any], probe: Probe) -> dict[str, list[dict
             record = probe.transformers[t_name].lists.get(attribute)
             first = _positional(_signature(blocks[0].forward))[:1]
             hidden = record.first_call.bound.get(first[0]) if record and record.first_call and first else None
-            dim = hidden.shape[-1] if getattr(hidden, "ndim", 0) == 3 else None
+            dim = hidden.shape[-1] if getattr(hidden, "ndim", 0) in (2, 3) else None  # [batch,] tokens, features
             groups = variants(blocks)
             for g in groups:
                 key = type(blocks[0]).__name__ + (f"[{span(g)}]" if len(groups) > 1 else "")

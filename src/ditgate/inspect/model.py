@@ -110,6 +110,7 @@ class Sequence:
     hidden_made_by: str | None = None  # the module whose output is the first block's hidden states (the embedder)
     block_list: str | None = None  # the block list the sequence was read from
     refiners: list[str] = field(default_factory=list)  # single-stream lists run before it on a shorter part of it
+    packed: dict[str, int] = field(default_factory=dict)  # batch-less [tokens, features] streams: input -> tokens
     divisibility: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 

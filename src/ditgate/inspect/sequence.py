@@ -37,7 +37,30 @@ def analyse_sequence(record, lists: list[BlockList]) -> tuple[Sequence, int | No
         sequence.text_tokens = text.shape[1]
     sequence.attention_tokens = sequence.image_tokens
     _tables_and_gathers(record, sequence, hidden, text, first.attribute)
+    if isinstance(hidden, torch.Tensor) and hidden.ndim == 2:
+        _packed(record, sequence, first, hidden, e_param)
     return sequence, batch
+
+
+def _packed(record, sequence: Sequence, first: BlockList, hidden, e_param: str | None) -> None:
+    """A batch-less layout: the blocks' streams (the first input and the one they return updated) are [tokens,
+    features] tensors, tokens on dim 0. The gather candidates are then the modules run after the blocks whose output
+    is [tokens of a stream, features]."""
+    import torch
+
+    bound = record.lists[first.attribute].first_call.bound
+    names = [_positional(first.signature)[0]] + ([e_param] if e_param else [])
+    for name in names:
+        value = bound.get(name)
+        if isinstance(value, torch.Tensor) and value.ndim == 2 and value.shape[-1] == hidden.shape[-1]:
+            sequence.packed[name] = int(value.shape[0])
+    events = record.events
+    last_block = max((i for i, e in enumerate(events) if e.rsplit(".", 1)[0] in record.lists), default=-1)
+    for name in dict.fromkeys(events[last_block + 1:]):
+        out = record.child_outputs.get(name)
+        if isinstance(out, torch.Tensor) and out.ndim == 2 and int(out.shape[0]) in sequence.packed.values() \
+                and out.shape[-1] == hidden.shape[-1]:
+            sequence.gather_candidates.append(name)
 
 
 def _hidden(record, b):

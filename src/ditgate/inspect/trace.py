@@ -49,6 +49,7 @@ class LinearUse:
     chunks: int | None = None  # chunked on the feature dimension into this many pieces
     gated: bool = False  # a piece went through an activation and met another piece
     input_from: str | None = None  # the Linear of the same block whose output this one reads
+    inputs_from: list[str] = field(default_factory=list)  # every such Linear (an MLP's gate and up projections)
 
 
 @dataclass
@@ -118,10 +119,12 @@ class Trace(HookedRecorder):
         self._calls = 0  # transformer calls of the run so far
         self._active: list[str] = []
         self._first: str | None = None  # transformer in its first call, where tensors are followed
-        self._taint: dict[int, tuple[str, bool, torch.Tensor]] = {}  # id -> (Linear group, is a piece, tensor)
+        # id -> (Linear group, is a piece, tensor, every Linear group whose output it carries)
+        self._taint: dict[int, tuple[str, bool, torch.Tensor, frozenset]] = {}
         self._seq: list[int] = []  # sequence length of the block being run
         self._modules_stack: list[str] = []
         self._attention: list[str] = []
+        self._widths: list[set[int]] = []  # output widths of the Linears of each attention module running
         self._counts: dict[str, int] = {}
         self._entry: torch.Tensor | None = None  # hidden states entering the first block of the first call
         self._inside = 0  # blocks currently running
@@ -177,7 +180,7 @@ class Trace(HookedRecorder):
                                                           block=transformer.get_submodule(".".join(parts[:2]))))
             if is_attention_module(module):
                 group = _group(path, lists)
-                self._hook(module, *self._attention_hooks(group))
+                self._hook(module, *self._attention_hooks(group, module))
             block0 = inside and len(parts) >= 2 and parts[1] in followed[top]
             if block0 and isinstance(module, torch.nn.Linear):
                 self._hook(module, *self._linear_hooks(record, _group(path, lists), module))
@@ -234,13 +237,17 @@ class Trace(HookedRecorder):
                 self._modules_stack.pop()
         return pre, post
 
-    def _attention_hooks(self, group: str):
+    def _attention_hooks(self, group: str, attention: torch.nn.Module):
+        widths = {m.out_features for m in attention.modules() if isinstance(m, torch.nn.Linear)}
+
         def pre(module, args, kwargs):
             self._attention.append(group)
+            self._widths.append(widths)
 
         def post(module, args, kwargs, output):
             if self._attention:
                 self._attention.pop()
+                self._widths.pop()
         return pre, post
 
     def _linear_hooks(self, record: TraceRecord, group: str, linear: torch.nn.Linear):
@@ -253,10 +260,13 @@ class Trace(HookedRecorder):
             source = self._taint.get(id(args[0]))
             if source is not None and source[0].split(".")[0] == block and use.input_from is None:
                 use.input_from = source[0]
+            for layer in sorted(source[3]) if source is not None else ():
+                if layer.split(".")[0] == block and layer not in use.inputs_from:
+                    use.inputs_from.append(layer)
 
         def post(module, args, kwargs, output):
             if self._first == record.name and isinstance(output, torch.Tensor):
-                self._taint[id(output)] = (group, False, output)
+                self._taint[id(output)] = (group, False, output, frozenset([group]))
         return pre, post
 
     def _norm_hook(self, record: TraceRecord, group: str):
@@ -264,9 +274,11 @@ class Trace(HookedRecorder):
             if self._first != record.name or not self._attention or not args:
                 return
             x = args[0]
-            if isinstance(x, torch.Tensor) and x.ndim >= 3:
-                # [.., heads, head_dim] normalised over the last dim only: one head; [.., heads * head_dim]: all heads
-                record.attention_norms.setdefault(group, "per head" if x.ndim >= 4 else "across heads")
+            if isinstance(x, torch.Tensor) and x.ndim >= 2:
+                # over the last dim only: [.., heads * head_dim] (a projection's whole output width) spans all heads;
+                # [.., heads, head_dim] (batched, or a packed [tokens, heads, head_dim]) is one head
+                across = x.ndim <= 3 and x.shape[-1] in self._widths[-1]
+                record.attention_norms.setdefault(group, "across heads" if across else "per head")
         return pre
 
     # -- tensors ----------------------------------------------------------------------------------------------------
@@ -302,7 +314,7 @@ class Trace(HookedRecorder):
             return
         # a piece of a chunked output (modulation: shift, scale, gate) does not make what it modulates its own
         source = next((t for t in tainted if not t[1]), None) or tainted[0]
-        layer, piece, _ = source
+        layer, piece = source[0], source[1]
         use = record.linears.get(layer)
         if piece and func not in _ACTIVATIONS and not (use is not None and use.gated):
             return
@@ -311,13 +323,14 @@ class Trace(HookedRecorder):
             if isinstance(dim, int) and dim % args[0].ndim == args[0].ndim - 1 and isinstance(out, (tuple, list)):
                 use.chunks = len(out)
                 for t in out:
-                    self._taint[id(t)] = (layer, True, t)
+                    self._taint[id(t)] = (layer, True, t, frozenset([layer]))
                 return
         if func in _ACTIVATIONS and piece and use is not None and (use.chunks or 0) == 2:
             use.gated = True
+        carried = frozenset().union(*(t[3] for t in tainted if not t[1] or t is source))
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
             if isinstance(t, torch.Tensor) and id(t) not in self._taint:
-                self._taint[id(t)] = (layer, False, t)
+                self._taint[id(t)] = (layer, False, t, carried)
 
     def _on_sdpa(self, args, kwargs) -> None:
         if not self._active or not self._in_first_step():

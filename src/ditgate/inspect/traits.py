@@ -40,6 +40,8 @@ def per_block_tensors(t_name: str, record, lists: list) -> list[dict[str, Any]]:
         hidden = bound.get(positional[0]) if positional else None
         streams = {positional[0]} | ({b.encoder_param} if b.encoder_param else set()) | ({E} & set(bound))
         lengths = {int(bound[s].shape[1]) for s in streams if getattr(bound.get(s), "ndim", 0) >= 3}
+        if getattr(hidden, "ndim", 0) == 2:  # batch-less [tokens, features] streams: the tokens on dim 0
+            lengths = {int(bound[s].shape[0]) for s in streams if getattr(bound.get(s), "ndim", 0) == 2}
         changed = {a for tr in lr.transitions for a in tr.changed_args}
         if hidden is None or not lengths:
             continue
@@ -197,8 +199,8 @@ def analyse_traits(transformers: dict, probe, trace, lists: list, sequence_token
                 traits.chunked_modulation.append(f"{name} (chunk {use.chunks})")
             if use.input_from is None and use.in_features != use.out_features and not use.chunks:
                 traits.reads_block_input.append(name)
-            if use.input_from is not None:
-                traits.linear_chains.append([f"{t_name}.{use.input_from}", name])
+            for source in dict.fromkeys([use.input_from, *use.inputs_from]) if use.input_from else ():
+                traits.linear_chains.append([f"{t_name}.{source}", name])
         traits.sequence_routing += [f"{t_name}.{s}" for s in tr.sequence_sorts]
         traits.attention_norms.update({f"{t_name}.{k}": v for k, v in tr.attention_norms.items()})
         traits.repeated_modules.update({f"{t_name}.{k}": v for k, v in tr.repeated_modules.items()})

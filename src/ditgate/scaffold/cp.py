@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from ditgate.scaffold.grid import grid_lists
+from ditgate.scaffold.packed import _packed_cp
 
 Observed = Any  # ditgate.scaffold.write.Observed (imported by that module, so named here without importing it)
 SPLIT = "_ContextParallelInput(split_dim={dim}, expected_dims={ndim}, split_output={out})"
@@ -76,6 +77,8 @@ def _root_split_ok(observed: Observed, transformer: str) -> tuple[bool, str]:
 
 def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[str], list[str]]:
     """(plan entries, comments, code run before the plan is returned) of the CP plan."""
+    if observed.anatomy.sequence.packed:  # batch-less [tokens, features] streams
+        return _packed_cp(observed, transformer, first)
     a = observed.anatomy
     s = a.sequence
     img, txt, joint = s.image_tokens, s.text_tokens, s.joint
@@ -179,9 +182,8 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
             if "image + text" in table:
                 notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "
                              "split by its output; split the inputs it is made from")
-    grid_notes, code_grid, gathered = grid_lists(observed, transformer, entries)
-    notes += grid_notes
-    code += code_grid
+    grid_notes, grid_code, gathered = grid_lists(observed, transformer, entries)  # lists run on the gathered stream
+    notes, code = notes + grid_notes, code + grid_code
     for p in a.traits.part_counts:
         attribute = p["list"].split(".", 1)[-1]
         if not p["list"].startswith(transformer + ".") or attribute in s.refiners:
@@ -256,8 +258,7 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str], spli
                     gathered: set[str] = frozenset()) -> list[str]:
     """Route the attention groups the split sequence reaches (self or joint) through cache-dit's dispatcher where
     their processor does not pass the CP config, or where a joint key mask must be reordered for Ulysses; run those
-    it does not reach (refiners, modules called before the split at `split_list`, lists whose blocks run on the
-    gathered sequence) without the CP config."""
+    it does not reach (refiners, modules called before the split at `split_list`, `gathered` lists) without it."""
     a = observed.anatomy
     code = []
     for g in a.attention.groups:

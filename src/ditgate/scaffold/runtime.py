@@ -96,12 +96,22 @@ class RoutedAttention:
                     image_local -= RoutedAttention.text_local
                 attn_mask = _key_mask_in_gathered_order(attn_mask, image_local, key.shape[1], cp.ulysses_degree,
                                                         self.text_first)
+            one_stream = attn_mask is None and key.shape[1] == query.shape[1]
+            if cp is not None and is_causal and one_stream and cp.ulysses_degree > 1 and cp.ring_degree == 1:
+                # one stream split in order: after Ulysses' all-to-all every rank holds all its tokens in sequence
+                # order (a share of the heads), so a causal mask over the gathered length is exact (cache-dit's CP
+                # refuses is_causal)
+                whole = key.shape[1] * cp.ulysses_degree
+                attn_mask = torch.ones(whole, whole, dtype=torch.bool, device=query.device).tril()[None, None]
+                is_causal = False
+            gqa = {"cp_gqa_strategy": "replicate_kv_sequence"} if cp is not None and enable_gqa else {}
             extra = key.shape[1] - query.shape[1]
             if cp is not None and extra > 0:  # cache-dit's Ulysses moves q, k and v with the query's shape: pad the
                 pad = query.new_zeros(query.shape[0], extra, *query.shape[2:])  # queries where the text keys sit
                 query = torch.cat([pad, query] if self.text_first else [query, pad], dim=1)
             out = _dispatch_attention_fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, cp_config=cp)
+                                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, cp_config=cp,
+                                         **gqa)  # GQA under Ulysses: each rank's q heads meet their kv heads
             if cp is not None and extra > 0:  # the padded queries' outputs are dropped
                 out = out[:, extra:] if self.text_first else out[:, :out.shape[1] - extra]
             return out

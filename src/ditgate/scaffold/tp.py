@@ -11,12 +11,14 @@ def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], 
     """The layer plan of one block structure: only pairs whose every member was observed; attention modules in
     `across` (a q/k norm over all heads) kept whole; a Linear reading another sharded Colwise never Colwise too."""
     names = {r["layer"]: r["style"] for r in rows}
+    widths = {r["layer"]: (r.get("in"), r.get("out")) for r in rows}
     plan, notes = {}, []
     for layer in [n for n in names if n.endswith(".to_q")]:
         p = layer[: -len(".to_q")]
         qkv = [f"{p}.to_q", f"{p}.to_k", f"{p}.to_v"]
-        if not all(n in names for n in qkv) or f"{p}.to_out.0" not in names:
-            notes.append(f"`{p}` has no `to_out.0` of its own (its heads feed a layer shared with other inputs): "
+        out = next((n for n in (f"{p}.to_out.0", f"{p}.to_out") if n in names), None)  # a Linear, or a list's first
+        if not all(n in names for n in qkv) or out is None:
+            notes.append(f"`{p}` has no `to_out` Linear of its own (its heads feed a layer shared with other inputs): "
                          "kept whole; sharding it is the other choice, told apart by tp-2")
             continue
         if p in across:
@@ -28,18 +30,18 @@ def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], 
             notes.append(f"`{p}`: {heads} heads do not divide by {tp}: kept whole")
             continue
         plan.update({n: "ColwiseParallel()" for n in qkv})
-        plan[f"{p}.to_out.0"] = "RowwiseParallel()"
+        plan[out] = "RowwiseParallel()"
         added = [n for n in (f"{p}.add_q_proj", f"{p}.add_k_proj", f"{p}.add_v_proj") if n in names]
         if f"{p}.add_q_proj" in names and f"{p}.to_add_out" not in names:
             notes.append(f"`{p}` has text queries with no `to_add_out` of their own: kept whole")
-            for n in qkv + [f"{p}.to_out.0"]:
+            for n in qkv + [out]:
                 plan.pop(n)
             continue
         plan.update({n: "ColwiseParallel()" for n in added})  # text keys/values (and queries): per head too
         if f"{p}.to_add_out" in names:
             plan[f"{p}.to_add_out"] = "RowwiseParallel()"
-        notes.append(f"`{p}`: q/k/v read the block width and `to_out.0` reads their heads: Colwise then Rowwise, "
-                     f"heads divided by {tp}")
+        notes.append(f"`{p}`: q/k/v read the block width and `{out[len(p) + 1:]}` "
+                     f"reads their heads: Colwise then Rowwise, heads divided by {tp}")
     for layer in names:
         if layer.endswith(".net.0.proj") and names[layer].startswith("fused gated"):
             notes.append(f"`{layer}` is a fused gated MLP (its output chunked in two, one half through an activation "
@@ -53,6 +55,15 @@ def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], 
         elif names[layer].startswith("Colwise(output_layouts=Replicate())"):
             plan[layer] = "ColwiseParallel(output_layouts=Replicate())"
             notes.append(f"`{layer}`'s output is chunked on its features (modulation): Colwise gathered back whole")
+    for second in [n for n in names if names[n].startswith("Rowwise (writes") and n not in plan]:
+        firsts = [f for f, s in chains if s == second and f not in plan and names.get(f, "").startswith("Colwise (reads")
+                  and widths[f][1] == widths[second][0]]
+        if firsts:  # every Linear of the block width whose output reaches it (observed), e.g. an MLP's gate and up
+            plan.update({f: "ColwiseParallel()" for f in firsts})
+            plan[second] = "RowwiseParallel()"
+            notes.append(f"{', '.join(f'`{f}`' for f in firsts)} read the block width and their outputs reach "
+                         f"`{second}` (observed), which writes it back: Colwise then Rowwise (an MLP's hidden width "
+                         "divided); kept whole is the other choice, told apart by tp-2")
     for first, second in chains:  # the first of a chained pair is sharded only when the second undoes it
         if first in names and first not in plan and plan.get(second) == "RowwiseParallel()":
             plan[first] = "ColwiseParallel()"  # a Rowwise layer reads its input split on the features

@@ -138,6 +138,10 @@ def _split_dims(a, transformer: str, lists: list) -> list[str]:
         shape = [int(x) for x in re.findall(r"\d+", layout.split("]")[0])] if layout.startswith("tensor[") else []
         found = [d for d in range(len(shape) - 1) if shape[d] == a.sequence.image_tokens]  # never the features
         dims[b.attribute] = 1 if not found or 1 in found else found[0]
+        if a.sequence.packed and b.attribute == a.sequence.block_list:  # [tokens, features] streams: dim 0 of each
+            dims[b.attribute] = (0,) * len(b.outputs or [0]) if len(b.outputs or []) > 1 else 0
+            why.append(f"`{b.attribute}` returns {', '.join(b.output_shapes)}, batch-less: tokens on dim 0")
+            continue
         why.append(f"`{b.attribute}` returns {layout or 'an unobserved layout'}")
         if len(b.outputs or []) == 2 and b.encoder_param and not a.sequence.joint:  # the text it returns stays whole
             dims[b.attribute] = (dims[b.attribute], None)
@@ -274,7 +278,7 @@ def plugin_source(observed: Observed) -> str:
         if not plan:
             tp.append("    #   nothing sharded")
             continue
-        attn = sorted({k.rsplit(".to_", 1)[0] for k in plan if ".to_out.0" in k})
+        attn = sorted({k.rsplit(".to_", 1)[0] for k in plan if k.endswith((".to_out.0", ".to_out"))})
         tp.append("    plan = {" + ", ".join(f'"{k}": {v}' for k, v in plan.items()) + "}")
         for b in listed:
             tp += [f"    for block in {_blocks_expr(b.attribute, span_text.rstrip(']'), b.length)}:"]

@@ -1,0 +1,84 @@
+"""The CP plan of a batch-less layout: blocks whose streams are packed [tokens, features] tensors (no batch
+dimension; Cosmos 3's text and vision streams), so the sequence is dim 0 of every stream and of every per-token
+table. Each stream is split at the first block, the tables the blocks receive at every block, and each stream
+gathered where the first module after the blocks returns it; attention is routed through cache-dit's dispatcher
+(`ditgate.scaffold.runtime.RoutedAttention`), which pads short queries and makes a causal call exact under Ulysses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SPLIT = "_ContextParallelInput(split_dim=0, expected_dims={ndim}, split_output=False)"
+
+
+def _packed_cp(observed: Any, transformer: str, first) -> tuple[list[str], list[str], list[str]]:
+    """(plan entries, comments, code run before the plan is returned) for `first`'s packed streams."""
+    a = observed.anatomy
+    s = a.sequence
+    streams = s.packed
+    entries, notes, code = [], [], []
+    shown = ", ".join(f"`{n}` {first.call['inputs'].get(n)}" for n in streams)
+    notes.append(f"the blocks of `{first.attribute}` take batch-less streams [tokens, features] ({shown}): each is "
+                 f"split on dim 0 at `{first.attribute}.0` (the forward builds them from index buffers, so its own "
+                 "inputs are not split)")
+    entries.append(f'"{first.attribute}.0": {{' + ", ".join(f'"{n}": ' + SPLIT.format(ndim=2) for n in streams) + "}")
+    uneven = {n: v for n, v in streams.items() if v % 2}
+    if uneven:
+        notes.append("NOT HANDLED: " + ", ".join(f"`{n}`'s {v} tokens" for n, v in uneven.items()) + " do not split "
+                     "evenly over 2 ranks (cache-dit's split refuses them)")
+    every: dict[str, dict[Any, str]] = {}
+    for t in a.traits.per_block_tensors:
+        if t["list"] != f"{transformer}.{first.attribute}" or t["dim"] != 0:
+            continue
+        if t.get("made_by"):
+            notes.append(f"NOT HANDLED: `{t['argument']}` {t['shape']} is made by `{t['made_by']}`: split it by hand")
+            continue
+        name, _, index = t["argument"].partition("[")
+        every.setdefault(name, {})[int(index.rstrip("]")) if index.rstrip("]").isdigit() else None] = \
+            SPLIT.format(ndim=len(t["shape"]))
+        notes.append(f"`{t['argument']}` {t['shape']} is built in forward and handed to every block with a stream's "
+                     f"tokens on dim 0: split at every block (`{first.attribute}.*`); left whole, each rank's tokens "
+                     "would meet the first rows of the table (cp-ulysses-2 tells them apart)")
+    parts = []
+    for name, split in every.items():
+        if list(split) == [None]:
+            parts.append(f'"{name}": {split[None]}')
+        elif sorted(split) == list(range(len(split))):
+            parts.append(f'"{name}": [' + ", ".join(split[i] for i in range(len(split))) + "]")
+        else:
+            notes.append(f"NOT HANDLED: `{name}` has per-token tables at elements {sorted(split)} only")
+    if parts:
+        entries.append(f'"{first.attribute}.*": {{' + ", ".join(parts) + "}")
+    for name, tokens in streams.items():
+        out = next((m for m in s.gather_candidates if _tokens(observed, m) == tokens), None)
+        if out is None:
+            notes.append(f"NOT HANDLED: no module after the blocks was seen returning `{name}`'s {tokens} tokens: "
+                         "no gather point")
+            continue
+        notes.append(f"`{out}` is the first module after the blocks returning [{tokens}, features] (`{name}`'s "
+                     "tokens): gathered there on dim 0")
+        entries.append(f'"{out}": _ContextParallelOutput(gather_dim=0, expected_dims=2)')
+    for g in a.attention.groups:
+        if g.transformer != transformer or not g.calls or not g.group.startswith(first.attribute + ".*."):
+            continue
+        proc, path = observed.processors.get(g.group, {}), g.group.partition(".*.")[2]
+        causal = f"kernel {transformer}.{g.group}: is_causal=True" in a.attention.mask_sources
+        why = ("its kernel was called with is_causal=True over one stream (observed), which cache-dit's CP refuses; "
+               "under Ulysses each rank holds the whole stream in its order after the all-to-all (a share of the "
+               "heads), so an explicit causal mask over the gathered tokens is exact" if causal else "")
+        why += ("; " if why else "") + ("a call whose queries are fewer than its keys (one stream's queries over "
+                                        "several streams' keys) gets its queries padded to the keys' length, "
+                                        "those rows dropped (cache-dit's Ulysses moves q, k, v with one shape)")
+        if not proc.get("routable"):
+            notes.append(f"NOT HANDLED: `{g.group}`: {why}; its processor calls no `dispatch_attention_fn` the "
+                         "scaffold can route")
+            continue
+        notes.append(f"`{g.group}`: {why}; unrouted, cache-dit's dispatcher raises or mis-shapes (cp-ulysses-2)")
+        code.append(f"    route_attention([block.{path} for block in transformer.{first.attribute}])")
+    return entries, notes, code
+
+
+def _tokens(observed: Any, module: str) -> int | None:
+    """The tokens (dim 0) of what `module` was seen taking: its first tensor input ([tokens, features])."""
+    inputs = observed.child_inputs.get(module) or []
+    return inputs[0][0] if inputs and len(inputs[0]) == 2 else None
