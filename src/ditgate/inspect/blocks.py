@@ -231,6 +231,11 @@ def analyse_block_list(transformer_name: str, attribute: str, blocks, record) ->
                                 "check_forward_pattern must be False")
         info.check_forward_pattern = False
     audit_loop(info, record, positional[0] if positional else None)
+    if record.transitions and not any(t.flows or t.carried for t in record.transitions):
+        info.chained, info.pattern, info.patch_functor_needed, info.loop_findings = False, None, False, []
+        info.pattern_reason = ("its blocks do not chain: no block was handed the previous block's output or a part "
+                               "of it (observed at every block), each runs on an input of its own: no loop a cached "
+                               "block list stands for")
     return info
 
 

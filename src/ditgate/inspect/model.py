@@ -58,6 +58,7 @@ class BlockList:
     loop_findings: list[str] = field(default_factory=list)
     per_block_arguments: list[str] = field(default_factory=list)  # arguments the loop gives each block its own of
     stream_changed_between: bool = False  # the loop changes the hidden stream between two block calls
+    chained: bool = True  # some block was handed the previous block's output or a part of it (False: no loop)
     # a skip inside the loop: argument -> {receiving block: [the earlier block whose output it is, output position]}
     skip_sources: dict[str, dict[int, list[int]]] = field(default_factory=dict)
 

@@ -21,13 +21,9 @@ _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", 
 
 def is_block_list(value: Any) -> bool:
     """A ModuleList of >= 1 modules of one class that is not a torch.nn building block (Linear, Conv, ...)."""
-    if not isinstance(value, torch.nn.ModuleList) or len(value) == 0:
+    if not isinstance(value, torch.nn.ModuleList) or len(value) == 0 or len({type(m) for m in value}) != 1:
         return False
-    classes = {type(m) for m in value}
-    if len(classes) != 1:
-        return False
-    cls = classes.pop()
-    return not cls.__module__.startswith("torch.nn")
+    return not type(value[0]).__module__.startswith("torch.nn")
 
 
 def block_lists(transformer: torch.nn.Module) -> dict[str, torch.nn.ModuleList]:
@@ -83,6 +79,22 @@ def same_value(a: Any, b: Any) -> str | None:
         return None
 
 
+def carries(output: Any, argument: Any) -> bool:
+    """Whether `argument` holds a part of `output` as it is: a whole nonzero slice along one dimension (aligned at
+    the start or the end; the other dimensions of equal size) equal in both (a stream the loop cut or joined)."""
+    if not (isinstance(output, torch.Tensor) and isinstance(argument, torch.Tensor)) or output.ndim != argument.ndim \
+            or output.dtype != argument.dtype or not output.numel() or not argument.numel():
+        return False
+    for d in range(1, output.ndim):
+        m, rest = min(output.shape[d], argument.shape[d]), [i for i in range(output.ndim) if i != d]
+        if [output.shape[i] for i in rest] == [argument.shape[i] for i in rest] and any(
+                ((a == b).all(dim=rest) & (a != 0).any(dim=rest)).any() for a, b in (
+                    (output.narrow(d, 0, m), argument.narrow(d, 0, m)),
+                    (output.narrow(d, output.shape[d] - m, m), argument.narrow(d, argument.shape[d] - m, m)))):
+            return True
+    return False
+
+
 def as_outputs(output: Any) -> tuple | None:
     """A block's return value as a tuple of elements, or None when it is neither a tensor nor a tuple/list."""
     if isinstance(output, torch.Tensor):
@@ -135,6 +147,7 @@ class Transition:
     changed_args: list[str]  # arguments other than the flowing ones that differ from block 0's
     from_outputs: list[str] = field(default_factory=list)  # changed arguments that are an earlier block's output
     sources: dict[str, tuple[int, int]] = field(default_factory=dict)  # such an argument -> (block, output position)
+    carried: list[str] = field(default_factory=list)  # arguments holding a part of block i's output (cut, joined)
 
 
 @dataclass
@@ -335,7 +348,9 @@ class Probe(HookedRecorder):
             earlier.setdefault((tensor.data_ptr(), tuple(tensor.shape)), (block, position))
         sources = {p: earlier[(a.data_ptr(), tuple(a.shape))] for p in changed if isinstance(a := call.bound[p],
                    torch.Tensor) and a.numel() and (a.data_ptr(), tuple(a.shape)) in earlier}
-        return Transition(index, flows, changed, list(sources), sources)
+        carried = [p for p, a in call.bound.items() if p not in flowing
+                   and any(carries(o, a) for o in list_record._previous or ())]
+        return Transition(index, flows, changed, list(sources), sources, carried)
 
     def _attention_hooks(self, record: TransformerRecord, group: str, module):
         def pre(mod, args, kwargs):

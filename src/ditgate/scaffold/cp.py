@@ -98,6 +98,15 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
                          "is split too; the other choice, text kept whole, is told apart by cp-ulysses-2")
         body = ", ".join(f'"{n}": ' + SPLIT.format(dim=d, ndim=nd, out=False) for n, (d, nd) in at_root.items())
         entries.append(f'"": {{{body}}}')
+        given = observed.root_lists.get(transformer, {})
+        lists = {n: dims.pop() for n, shapes in given.items()
+                 if len(dims := {_seq_dim(shape, lengths) for shape in shapes}) == 1 and None not in dims}
+        if lists:
+            seen = ", ".join(f"`{n}` {len(given[n])} x {given[n][0]}" for n in lists)
+            notes.append(f"the transformer takes lists of sequence-long tensors ({seen}), which a root split does not "
+                         "reach (it takes tensors): each element is split on its sequence dimension with the tensors "
+                         "it meets (split_list_inputs); left whole, cp-ulysses-2 fails")
+            code.append(f"    split_list_inputs(transformer, {lists!r})")
     else:
         hidden = first.call["positional"][0] if first.call["positional"] else "hidden_states"
         reason = why_not or f"the transformer's inputs carry no {img}-token dimension (the sequence is made inside its forward)"

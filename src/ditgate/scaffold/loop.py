@@ -1,7 +1,8 @@
 """The block-loop PatchFunctor of a scaffolded plugin: `FUNCTOR`, the source of `BlockLoop` pasted into the plugin
 as it is, and its arguments (`_functor`, `_outside`) from what the loop was seen doing around its block calls:
-per-block arguments, a block's sub-module read outside the loop, and skips inside the loop (a block handed an
-earlier block's output). What it does not cover is named NOT HANDLED."""
+per-block arguments, a block's sub-module read outside the loop, skips inside the loop (a block handed an
+earlier block's output), and a stream the loop cuts or joins between block calls (`between`). What it does not cover
+is named NOT HANDLED."""
 
 from __future__ import annotations
 
@@ -15,17 +16,80 @@ def _signature(block):
 
 class _Recorder(torch.nn.Module):
     """Stands in for one block while the forward runs to record what the loop hands each block: keeps the
-    arguments it is given and returns its stream inputs unchanged, in the order the block returns them."""
+    arguments it is given and returns its stream inputs unchanged, in the order the block returns them (under a
+    `_Trace`: as values of their own, block `place`'s outputs, whose later uses the trace follows)."""
 
-    def __init__(self, signature, kept, returns):
+    def __init__(self, signature, kept, returns, trace=None, place=None):
         super().__init__()
-        self.signature, self.kept, self.returns = signature, kept, returns
+        self.signature, self.kept, self.returns, self.trace, self.place = signature, kept, returns, trace, place
 
     def forward(self, *args, **kwargs):
         bound = self.signature.bind(*args, **kwargs).arguments
         self.kept.append(bound)
         out = tuple(bound[name] for name in self.returns)
+        if self.trace is not None:
+            self.trace.inputs[self.place] = {n: (self.trace.origin.get(id(bound[n]), (None, None)), bound[n])
+                                             for n in self.returns}
+            self.trace.paused = True
+            out = tuple(x.view_as(x) for x in out)
+            self.trace.paused = False
+            for position, x in enumerate(out):
+                self.trace.mark(x, self.place, ("out", position, None))
         return out if len(out) > 1 else out[0]
+
+
+class _Ref:
+    def __init__(self, ref):
+        self.ref = ref
+
+
+class _Trace(torch.overrides.TorchFunctionMode):
+    """While stand-in blocks run the forward: the tensor operations the forward applies to what each block returns
+    (`programs[(list, block)]`: function and arguments, `_Ref`s for the values derived from those outputs), and
+    where each stand-in's stream inputs came from (`inputs[(list, block)]`), so that a block can redo the loop's work
+    on the previous block's outputs itself (`replay`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.origin, self.programs, self.inputs, self.keep, self.paused = {}, {}, {}, [], False
+
+    def mark(self, tensor, source, ref):
+        self.origin[id(tensor)] = (source, ref)
+        self.keep.append(tensor)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return out
+        sources = set()
+
+        def ref(x):
+            if torch.is_tensor(x) and id(x) in self.origin:
+                sources.add(self.origin[id(x)][0])
+                return _Ref(self.origin[id(x)][1])
+            return x
+
+        recorded = torch.utils._pytree.tree_map(ref, (args, kwargs or {}))
+        leaves = [(None, out)] if torch.is_tensor(out) else \
+            [(i, x) for i, x in enumerate(out) if torch.is_tensor(x)] if isinstance(out, (tuple, list)) else []
+        if sources and leaves:
+            source = sources.pop() if len(sources) == 1 else None  # None: made from more than one block's outputs
+            program = self.programs.setdefault(source, [])
+            program.append((func, *recorded))
+            for item, x in leaves:
+                self.mark(x, source, ("op", len(program) - 1, item))
+        return out
+
+    def replay(self, ref, outs, memo, source):
+        kind, step, item = ref
+        if kind == "out":
+            return outs[step]
+        if step not in memo:
+            func, args, kwargs = self.programs[source][step]
+            args, kwargs = torch.utils._pytree.tree_map(
+                lambda x: self.replay(x.ref, outs, memo, source) if isinstance(x, _Ref) else x, (args, kwargs))
+            memo[step] = func(*args, **kwargs)
+        return memo[step] if item is None else memo[step][item]
 
 
 class BlockLoop(cache_dit.PatchFunctor):
@@ -40,10 +104,15 @@ class BlockLoop(cache_dit.PatchFunctor):
     `transformer_blocks[0].norm1.emb`); during a call the wrapper in that place is given the block's sub-module.
     `skips` {list: {argument: {block: (earlier block, output position)}}}: the loop hands a block an earlier block's
     output (a skip stack inside the loop, HunyuanDiT's U-shaped blocks); each call keeps the outputs of those earlier
-    blocks as they run and hands each later block its own, whoever calls the blocks."""
+    blocks as they run and hands each later block its own, whoever calls the blocks.
+    `between` {list: the stream inputs the block returns, in order}: the loop changes the stream between block calls
+    (cuts, joins, projects it); while cache-dit's cached list stands for the blocks, each call first runs the forward
+    with stand-in blocks under a `_Trace`, which records what the loop does to each block's outputs before the next
+    block gets them, and each block but the first redoes that work on the previous block's outputs itself. Right
+    while that work does not depend on the values the blocks return (the caching-off check tells)."""
 
-    def __init__(self, lists, outside=None, skips=None):
-        self.lists, self.outside, self.skips = lists, outside or {}, skips or {}
+    def __init__(self, lists, outside=None, skips=None, between=None):
+        self.lists, self.outside, self.skips, self.between = lists, outside or {}, skips or {}, between or {}
 
     @classmethod
     def is_from_diffusers(cls, transformer):
@@ -53,7 +122,15 @@ class BlockLoop(cache_dit.PatchFunctor):
         if getattr(transformer, "_is_patched", False):
             return transformer
         recorded = {name: [] for name in self.lists}
-        originals = {name: getattr(transformer, name) for name in {*self.lists, *self.outside, *self.skips}}
+        originals = {name: getattr(transformer, name) for name in {*self.lists, *self.outside, *self.skips,
+                                                                      *self.between}}
+        returns = {**{name: r for name, (_, r) in self.lists.items()}, **self.between}
+        traces = dict.fromkeys(self.between)  # this call's trace of each list a cached list stands for, else None
+        finals = {}  # this call's outputs of each such list (what the loop got from the cached list)
+        for name, outputs in self.between.items():
+            for index, block in enumerate(originals[name]):
+                block.forward = self._between(block, index, name, outputs, traces, finals,
+                                              {n: len(originals[n]) for n in self.between})
         for name, (arguments, _) in self.lists.items():
             for index, block in enumerate(originals[name]):
                 block.forward = self._own(block, recorded[name], index, arguments)
@@ -80,20 +157,36 @@ class BlockLoop(cache_dit.PatchFunctor):
                 for index, attribute in reads:
                     if current is not originals[name] and index < len(current):
                         object.__setattr__(current[index], attribute, getattr(originals[name][index], attribute))
-            if not self.lists:
+            replaced = [name for name in self.between if getattr(transformer, name) is not originals[name]]
+            stand = [*self.lists, *(name for name in replaced if name not in self.lists)]
+            traces.update(dict.fromkeys(traces))
+            if not stand:
                 return forward(*args, **kwargs)
-            saved = {name: getattr(transformer, name) for name in self.lists}
-            for name, (_, returns) in self.lists.items():
-                recorded[name].clear()
+            saved = {name: getattr(transformer, name) for name in stand}
+            trace = _Trace() if replaced else contextlib.nullcontext()
+            for name in stand:
+                recorded.setdefault(name, []).clear()
                 signature = _signature(originals[name][0])
+                follow = trace if name in replaced else None
                 setattr(transformer, name, torch.nn.ModuleList(
-                    _Recorder(signature, recorded[name], returns) for _ in range(len(originals[name]))))
+                    _Recorder(signature, recorded[name], returns[name], follow, (name, i))
+                    for i in range(len(originals[name]))))
             try:
-                forward(*args, **kwargs)
+                with trace:
+                    forward(*args, **kwargs)
             finally:
                 for name, blocks in saved.items():
                     setattr(transformer, name, blocks)
-            return forward(*args, **kwargs)
+            traces.update({name: trace for name in replaced})
+            finals.clear()
+            handles = [wrapper.register_forward_hook(functools.partial(self._final, finals, name))
+                       for name in replaced for wrapper in getattr(transformer, name)]
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                traces.update(dict.fromkeys(traces))
+                for handle in handles:
+                    handle.remove()
 
         transformer.forward = patched
         transformer._is_patched = True
@@ -111,6 +204,38 @@ class BlockLoop(cache_dit.PatchFunctor):
             return forward(*bound.args, **bound.kwargs)
 
         return own
+
+    @staticmethod
+    def _final(finals, name, module, args, output):
+        finals[name] = tuple(output) if isinstance(output, (tuple, list)) else (output,)
+
+    @staticmethod
+    def _between(block, index, name, returns, traces, finals, lengths):
+        signature, forward = _signature(block), block.forward
+
+        @functools.wraps(forward)
+        def between(*args, **kwargs):
+            trace = traces[name]
+            if trace is None:  # the loop's own blocks: the loop made each block's inputs itself
+                return forward(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            handed, memo = tuple(bound.arguments.get(n) for n in returns), {}
+            for param, ((source, ref), value) in trace.inputs[(name, index)].items():
+                if source is None and ref is None:  # not made from a block's output: the value the loop made
+                    bound.arguments[param] = value
+                elif source == (name, index - 1):  # from the previous block's outputs, as the cached list hands them
+                    bound.arguments[param] = trace.replay(ref, handed, memo.setdefault(source, {}), source)
+                elif source is not None and source[0] in finals and source[1] == lengths.get(source[0], 0) - 1:
+                    # from another list's last block: that list's outputs as the loop got them in this call
+                    outs = finals[source[0]]
+                    bound.arguments[param] = trace.replay(ref, outs, memo.setdefault(source, {}), source)
+                else:
+                    raise RuntimeError(f"`{name}` block {index}'s `{param}` is made from {source or 'several blocks'}"
+                                       "' outputs: BlockLoop moves only work on the previous block's outputs into "
+                                       "a block")
+            return forward(*bound.args, **bound.kwargs)
+
+        return between
 
     @staticmethod
     def _skip(block, kept, index, takes, source):
@@ -175,12 +300,22 @@ def _skips(b) -> tuple[dict[str, dict[int, tuple[int, int]]], str]:
 def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str | None, list[str]]:
     """The PatchFunctor the block loop needs, from what it was seen doing between block calls: per-block arguments
     (each block handed its own value, not the previous block's output) are recorded per call and handed back to
-    each block, and an earlier block's output handed to a later block (a skip inside the loop) is kept per call and
-    handed on (`BlockLoop`); a stream the loop changes between blocks, or a module it calls there, is
-    named NOT HANDLED (the fix is the model's own loop moved into a functor by hand)."""
-    entries, skips, notes = [], {}, []
+    each block, an earlier block's output handed to a later block (a skip inside the loop) is kept per call and
+    handed on, and the work the loop does on the stream between blocks is traced per call and redone by each block
+    (`BlockLoop`); that work next to skips, per-block arguments or a reordered loop is named NOT HANDLED (the fix is
+    the model's own loop moved into a functor by hand)."""
+    entries, skips, between, notes = [], {}, {}, []
     for b in lists:
-        if b.stream_changed_between or any("also calls" in f for f in b.loop_findings):
+        work = [f for f in b.loop_findings if "changes between block" in f or "also calls" in f]
+        if b.stream_changed_between and len(work) == len(b.loop_findings) and None not in _returns(b) \
+                and not b.skip_sources and not b.per_block_arguments:
+            between[b.attribute] = _returns(b)
+            notes.append(f"`{b.attribute}`: {'; '.join(work)} (observed); cache-dit's cached block list hands each "
+                         "block the previous block's outputs as they are: BlockLoop follows what the loop does to "
+                         "each block's outputs before the next block gets them (a stand-in pass per call) and has "
+                         "each block but the first redo it (without it the cache row errors or departs)")
+            continue
+        if b.stream_changed_between or work:
             notes.append(f"NOT HANDLED: `{b.attribute}`: {'; '.join(b.loop_findings)}; write a PatchFunctor that "
                          "moves that work into the blocks (cache-dit's HunyuanDiT and ControlNet functors do)")
             continue
@@ -193,9 +328,7 @@ def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str |
                 notes.append(f"NOT HANDLED: `{b.attribute}` needs a PatchFunctor the scaffold does not write: "
                              f"{'; '.join(left) or b.pattern_reason}")
             continue
-        positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
-        names = {"hidden_states": positional[0] if positional else None, "encoder_hidden_states": b.encoder_param}
-        returns = [names.get(role) for role in b.outputs or []]
+        returns = _returns(b)
         if None in returns:
             notes.append(f"NOT HANDLED: `{b.attribute}` gets per-block {b.per_block_arguments}, and what it returns "
                          f"({b.outputs}) does not map onto its inputs")
@@ -205,7 +338,14 @@ def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str |
                      "while its stream inputs are the previous block's outputs; cache-dit's cached block list "
                      "would hand every block the first one's: BlockLoop records each block's own per call "
                      "and hands it back; without it the cache row's caching-off check departs from the baseline")
-    if not entries and not outside and not skips:
+    if not entries and not outside and not skips and not between:
         return None, notes
     return "BlockLoop({" + ", ".join(entries) + "}" + (f", outside={outside!r}" if outside else "") \
-        + (f", skips={skips!r}" if skips else "") + ")", notes
+        + (f", skips={skips!r}" if skips else "") + (f", between={between!r}" if between else "") + ")", notes
+
+
+def _returns(b) -> list[str | None]:
+    """The block's stream inputs in the order it returns their updates (None: an output no input maps onto)."""
+    positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
+    names = {"hidden_states": positional[0] if positional else None, "encoder_hidden_states": b.encoder_param}
+    return [names.get(role) for role in b.outputs or []]

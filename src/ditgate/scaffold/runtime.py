@@ -164,6 +164,40 @@ class PadText:
         return tuple(args), kwargs
 
 
+class SplitListInputs:
+    """Under CP, a transformer input given as a list of sequence-long tensors (cache-dit's root split takes tensors
+    only): each element cut to this rank's share on its dimension (`names`: input -> dim), as the root split cuts
+    the tensors they meet."""
+
+    def __init__(self, names):
+        self.names = names
+
+    def __call__(self, module, args, kwargs):
+        cp = _cp_config_of(module)
+        if cp is None:
+            return None
+        group = cp._flattened_mesh.get_group()
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        params, args = list(inspect.signature(type(module).forward).parameters)[1:], list(args)
+        for name, dim in self.names.items():
+            i = params.index(name) if name in params else len(args)
+            value = kwargs.get(name, args[i] if i < len(args) else None)
+            if not isinstance(value, (list, tuple)):
+                continue
+            value = type(value)(x.chunk(world, dim=dim)[rank] if torch.is_tensor(x) else x for x in value)
+            if i < len(args) and name not in kwargs:
+                args[i] = value
+            else:
+                kwargs[name] = value
+        return tuple(args), kwargs
+
+
+def split_list_inputs(transformer, names):
+    if not getattr(transformer, "_split_list_inputs", False):
+        transformer.register_forward_pre_hook(SplitListInputs(names), with_kwargs=True)
+        transformer._split_list_inputs = True
+
+
 def pad_text(transformer, blocks, names, length):
     for block in blocks:
         block.register_forward_pre_hook(PadText(transformer, names, length), with_kwargs=True)

@@ -23,6 +23,7 @@ from ditgate.scaffold.tp import _tp_layers
 class Observed:
     anatomy: Any  # ditgate.inspect.model.Anatomy
     roots: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # transformer -> input name -> shape
+    root_lists: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)  # inputs given as tensor lists
     child_inputs: dict[str, list[list[int]]] = field(default_factory=dict)  # transformer child -> its tensor inputs
     processors: dict[str, dict[str, Any]] = field(default_factory=dict)  # attention group -> what its processor does
     order: list[str] = field(default_factory=list)  # transformer children and first blocks ("list.0"), as first called
@@ -50,6 +51,8 @@ def observe(model) -> Observed:
                 except TypeError:
                     bound = dict(kwargs)
                 seen.roots[name] = {k: list(v.shape) for k, v in bound.items() if isinstance(v, torch.Tensor)}
+                seen.root_lists[name] = {k: [list(x.shape) for x in v] for k, v in bound.items()
+                                         if isinstance(v, (list, tuple)) and v and all(torch.is_tensor(x) for x in v)}
                 return None
             handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             firsts = [(f"{attribute}.0", blocks[0]) for attribute, blocks in block_lists(module).items() if blocks]
@@ -231,7 +234,7 @@ def plugin_source(observed: Observed) -> str:
     transformer, lists = next(iter(by_t.items()))
     head = [f'"""Integration of {a.pipeline.cls} written by `ditgate scaffold {a.model}` from one observed call.',
             "", "Every choice below names the observation it rests on. Review it against the model's source.", '"""',
-            "", "import functools", "import inspect", "import sys", "", "import cache_dit", "import torch", "import torch.distributed as dist",
+            "", "import contextlib", "import functools", "import inspect", "import sys", "", "import cache_dit", "import torch", "import torch.distributed as dist",
             "from cache_dit.attention import _dispatch_attention_fn",
             "from cache_dit.distributed.core import _ContextParallelInput, _ContextParallelOutput",
             "from cache_dit.distributed.utils import shard_div_attr",
@@ -244,8 +247,9 @@ def plugin_source(observed: Observed) -> str:
     outside, outside_notes = _outside(a.traits.outside_calls, transformer, lists)
     functor, functor_notes = _functor(lists, outside)
     functor_notes = outside_notes + functor_notes
-    functor_notes += [f"NOT HANDLED: `{b.transformer}.{b.attribute}` ({b.length} x {b.block_class}) left out of the "
-                      f"adapter, uncached: {b.pattern_reason}" for b in left]
+    functor_notes += [("" if not b.chained else "NOT HANDLED: ") + f"`{b.transformer}.{b.attribute}` ({b.length} x "
+                      f"{b.block_class}) left out of the adapter" + (", uncached" if b.chained else "")
+                      + f": {b.pattern_reason}" for b in left]
     cache, guard = _adapter(a, by_t, alike, functor, functor_notes)
     entries, notes, code = _cp(observed, transformer, next(
         (b for b in lists if b.attribute == a.sequence.block_list), lists[0]))
