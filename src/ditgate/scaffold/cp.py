@@ -191,8 +191,7 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
             if "image + text" in table:
                 notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "
                              "split by its output; split the inputs it is made from")
-    grid_notes, grid_code, gathered = grid_lists(observed, transformer, entries)  # lists run on the gathered stream
-    notes, code = notes + grid_notes, code + grid_code
+    gathered = grid_lists(observed, transformer, entries, notes, code)  # lists run on the gathered stream
     for p in a.traits.part_counts:
         attribute = p["list"].split(".", 1)[-1]
         if not p["list"].startswith(transformer + ".") or attribute in s.refiners:
@@ -287,13 +286,7 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str], spli
             why = f"`{g.group}` ({g.processor}): its blocks run on the gathered sequence: its attention runs whole"
             code += _whole(why, proc, f"[block.{path} for block in transformer.{attribute}]", notes)
             continue
-        if g.transformer == transformer and g.calls and g.kind is None and attribute not in a.sequence.refiners:
-            notes.append(f"NOT HANDLED: `{g.group}` ({g.processor}) was called but no attention kernel (SDPA, "
-                         "dispatch_attention_fn) was seen in it (a linear attention, or one written out by hand): "
-                         "split, it would attend over this rank's share only; decide its CP by hand")
-            continue
         if g.transformer == transformer and g.kind == "cross" and g.calls and g.mask and proc.get("passes_cp"):
-            attribute, _, path = g.group.partition(".*.")
             if not proc.get("routable"):
                 notes.append(f"NOT HANDLED: `{g.group}`: cross-attention over a masked text that stays whole, and "
                              "its processor passes the CP config cache-dit sets on it (Ulysses would gather the text "
@@ -307,10 +300,9 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str], spli
             continue
         if g.transformer != transformer or g.kind not in ("self", "joint") or not g.calls:
             continue
-        if g.group.partition(".*.")[0] in a.sequence.refiners:
+        if attribute in a.sequence.refiners:
             why = (f"`{g.group}`: its list refines one part of the sequence before the split (the forward "
                    "concatenates the parts after it): its attention runs whole on every rank")
-            attribute, _, path = g.group.partition(".*.")
             code += _whole(why, proc, f"[block.{path} for block in transformer.{attribute}]", notes)
             continue
         masked = g.kind == "joint" and g.mask
@@ -347,7 +339,6 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str], spli
                      f"{'first' if in_code else 'after the image'} (torch.cat of its text and image projections)")
         else:
             order = "no padded key was observed: the text is taken to come after the image in the keys"
-        attribute, _, path = g.group.partition(".*.")
         s = a.sequence
         if g.kind == "self" and not s.joint and s.text_tokens and g.kv_len and s.image_tokens \
                 and s.image_tokens < g.kv_len <= s.image_tokens + s.text_tokens:
