@@ -10,6 +10,7 @@ from typing import Any
 # the roles of a block's inputs and outputs
 H, E, OTHER = "hidden_states", "encoder_hidden_states", "other"
 RANKS = (2, 4, 8)
+SKIP_FINDING = "(a skip inside the loop)"  # marks a loop finding of a block handed an earlier block's output
 
 
 
