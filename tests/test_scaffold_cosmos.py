@@ -43,7 +43,7 @@ def test_cp_splits_packed_streams_and_makes_the_causal_text_attention_exact(run_
     norms after the blocks. The text attends to itself with is_causal=True: under Ulysses every rank holds the whole
     text in order after the all-to-all, so the routed kernel hands an explicit causal mask over the gathered tokens
     (and GQA through cache-dit's replicate_kv_sequence): cp-ulysses-2 passes. Handing is_causal on to cache-dit as
-    before fails the row (its CP refuses causal attention)."""
+    before fails the row (its CP refuses causal attention), and so does GQA handed on without a strategy."""
     out = tmp_path / "plugin.py"
     code, stdout, err = run_cli("scaffold", MODEL, "--out", out, "--rows", "cp-ulysses-2", "--run-dir", tmp_path / "run")
     assert code == 0, err + stdout
@@ -55,9 +55,13 @@ def test_cp_splits_packed_streams_and_makes_the_causal_text_attention_exact(run_
         assert entry in text, text
     causal = "if cp is not None and is_causal and one_stream and cp.ulysses_degree > 1 and cp.ring_degree == 1:"
     assert causal in text
-    plugin = tmp_path / "opposite.py"
-    plugin.write_text(text.replace(causal, "if False:"))  # is_causal handed on to cache-dit, as before
-    code, _, _ = run_cli("run", MODEL, "--rows", "cp-ulysses-2", "--integration", plugin, "--dtype", "float32",
-                         "--out", tmp_path / "opposite", "-q")
-    row = report_rows(tmp_path / "opposite")["cp-ulysses-2"]
-    assert code == 1 and "Causal attention is not yet supported" in " ".join(row["reasons"]), row
+    gqa = 'gqa = {"cp_gqa_strategy": "replicate_kv_sequence"} if cp is not None and enable_gqa else {}'
+    assert gqa in text
+    for name, opposite, error in (("causal", text.replace(causal, "if False:"), "Causal attention is not yet"),
+                                  ("gqa", text.replace(gqa, "gqa = {}"), "GQA is not yet supported")):
+        plugin = tmp_path / f"{name}.py"  # is_causal, or GQA without a strategy, handed on to cache-dit as before
+        plugin.write_text(opposite)
+        code, _, _ = run_cli("run", MODEL, "--rows", "cp-ulysses-2", "--integration", plugin, "--dtype", "float32",
+                             "--out", tmp_path / name, "-q")
+        row = report_rows(tmp_path / name)["cp-ulysses-2"]
+        assert code == 1 and error in " ".join(row["reasons"]), (name, row)

@@ -40,7 +40,8 @@ JSON keys (`Anatomy.to_dict()`, printed by `ditgate inspect --json`):
 - `plan`: the draft integration plan (Markdown).
 - `traits` (`ditgate.inspect.trace`, `.traits`): `masks` {group: [{call, shape, padding_share, per_sample}]} over
   every call of the first step, `mask_lines`, `weak_mask`, `per_block_tensors` [{list, argument, shape, dim,
-  made_by, action}], `part_counts` [{list, argument, value, tokens, end, made_by}], `interleaved` [[list, list]], `list_layouts`, `chunked_modulation`, `gated_mlps`,
+  made_by, action}], `part_counts` [{list, argument, value, tokens, end, made_by}], `grid_blocks`
+  [{list, arguments, values, tokens, stream, line}], `interleaved` [[list, list]], `list_layouts`, `chunked_modulation`, `gated_mlps`,
   `reads_block_input`, `packed_parameters` [{parameter, shape, tp}], `sequence_routing`, `attention_norms`
   {norm: "per head" | "across heads"}, `repeated_modules` {module: calls per forward}, `output_types`,
   `calls_per_step` {transformer: calls per step}, `block_variants` {list: [{blocks, first, count, sublayers}]}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ditgate.inspect.model import E, H, OTHER, source_file
+from ditgate.inspect.model import E, H, OTHER, SKIP_FINDING, source_file
 
 import inspect
 from ditgate.inspect.observe import Probe, as_outputs, block_lists, match_flows, tensor_summary
@@ -192,8 +192,7 @@ def audit_loop(block: BlockList, record, h_param: str | None) -> None:
             for name, (source, position) in transition.sources.items():
                 block.skip_sources.setdefault(name, {})[transition.index] = [source, position]
             block.loop_findings.append(f"block {transition.index} gets {transition.from_outputs} = an earlier "
-                                       "block's output (a skip inside the loop), which a cached block list would "
-                                       "not hand on")
+                                       f"block's output {SKIP_FINDING}, which a cached block list would not hand on")
             changed = [a for a in changed if a not in transition.from_outputs]
         if changed:
             block.per_block_arguments += [a for a in changed if a not in block.per_block_arguments]

@@ -10,6 +10,7 @@ from typing import Any
 # the roles of a block's inputs and outputs
 H, E, OTHER = "hidden_states", "encoder_hidden_states", "other"
 RANKS = (2, 4, 8)
+SKIP_FINDING = "(a skip inside the loop)"  # marks a loop finding of a block handed an earlier block's output
 
 
 
@@ -127,6 +128,7 @@ class Traits:
     weak_mask: bool | None = None  # every mask nearly all True: mask faults would not show
     per_block_tensors: list[dict[str, Any]] = field(default_factory=list)
     part_counts: list[dict[str, Any]] = field(default_factory=list)  # integers counting one end of a block's stream
+    grid_blocks: list[dict[str, Any]] = field(default_factory=list)  # blocks that fold their stream into the grid
     interleaved: list[list[str]] = field(default_factory=list)  # [list a, list b] whose blocks alternate
     list_layouts: dict[str, str] = field(default_factory=dict)  # block list -> what its block 0 returned
     chunked_modulation: list[str] = field(default_factory=list)

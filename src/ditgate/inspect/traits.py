@@ -93,6 +93,42 @@ def part_counts(t_name: str, record, lists: list) -> list[dict[str, Any]]:
     return found
 
 
+def grid_blocks(t_name: str, record, lists: list, modules: dict) -> list[dict[str, Any]]:
+    """Block lists whose blocks fold their stream into the image grid: a line of the block's own forward that
+    unflattens, views or reshapes names integers the block was handed whose observed values multiply to its stream's
+    length (Sana's `unflatten(1, (height, width))` before the depthwise convolution of its feed-forward). Split, the
+    stream reaches each rank with a share of the tokens and the whole grid's sizes. `modules`: list -> its blocks."""
+    import inspect
+    import math
+    import re
+
+    import torch
+
+    found = []
+    for b in lists:
+        lr = record.lists.get(b.attribute)
+        positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
+        hidden = lr.first_call.bound.get(positional[0]) if lr and lr.first_call and positional else None
+        blocks = modules.get(b.attribute) or []
+        if not isinstance(hidden, torch.Tensor) or hidden.ndim != 3 or not blocks:
+            continue
+        ints = {p: n for p, n in lr.first_call.bound.items() if type(n) is int and n > 1}
+        try:
+            code = inspect.getsource(type(blocks[0]).forward)
+        except (OSError, TypeError):
+            continue
+        for line in code.splitlines():
+            if not re.search(r"\.(unflatten|view|reshape)\(", line):
+                continue
+            names = [p for p in ints if re.search(rf"\b{re.escape(p)}\b", line)]
+            if len(names) >= 2 and math.prod(ints[p] for p in names) == hidden.shape[1]:
+                found.append({"list": f"{t_name}.{b.attribute}", "arguments": names,
+                              "values": [ints[p] for p in names], "tokens": int(hidden.shape[1]),
+                              "stream": positional[0], "line": line.strip()})
+                break
+    return found
+
+
 def interleaved(record) -> list[tuple[str, str]]:
     """Pairs of block lists whose blocks alternate in the loop (a.0, b.0, a.1, b.1, ...)."""
     order = [e for e in record.events if e.rsplit(".", 1)[0] in record.lists]
@@ -148,6 +184,7 @@ def analyse_traits(transformers: dict, probe, trace, lists: list, sequence_token
         t_lists = [b for b in lists if b.transformer == t_name and b.called]
         traits.per_block_tensors += per_block_tensors(t_name, record, t_lists)
         traits.part_counts += part_counts(t_name, record, t_lists)
+        traits.grid_blocks += grid_blocks(t_name, record, t_lists, block_lists(transformer))
         for a, b in interleaved(record):
             if [f"{t_name}.{b}", f"{t_name}.{a}"] not in traits.interleaved:
                 traits.interleaved.append([f"{t_name}.{a}", f"{t_name}.{b}"])

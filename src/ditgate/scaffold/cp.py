@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ditgate.scaffold.grid import grid_lists
 from ditgate.scaffold.packed import _packed_cp
 
 Observed = Any  # ditgate.scaffold.write.Observed (imported by that module, so named here without importing it)
@@ -125,7 +126,8 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         every = {}
         if joint and text:
             returned = text == first.encoder_param  # the blocks hand it on; else the forward gives each block its own
-            (split if returned else every)[text] = SPLIT.format(dim=1, ndim=3, out=False)
+            text_split = SPLIT.format(dim=1, ndim=3, out=False)  # at every block: one split of the whole argument
+            (split if returned else every)[text] = text_split if returned else {None: text_split}
             notes.append(f"joint attention (keys hold image and text): the text stream `{text}` "
                          f"{first.call['inputs'].get(text)} is split with the image" + (
                              "" if returned else f", at every block (`{first.attribute}.*`: the blocks do not return "
@@ -189,6 +191,7 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
             if "image + text" in table:
                 notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "
                              "split by its output; split the inputs it is made from")
+    gathered = grid_lists(observed, transformer, entries, notes, code)  # lists run on the gathered stream
     for p in a.traits.part_counts:
         attribute = p["list"].split(".", 1)[-1]
         if not p["list"].startswith(transformer + ".") or attribute in s.refiners:
@@ -227,7 +230,7 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         entries.append(f'"{last}": _ContextParallelOutput(gather_dim=1, expected_dims=3)')
     else:
         notes.append("NOT HANDLED: no module after the blocks keeps the sequence; no gather point was observed")
-    code += _attention_code(observed, transformer, notes, None if split_at_root else first.attribute)
+    code += _attention_code(observed, transformer, notes, None if split_at_root else first.attribute, gathered)
     code += _routing_code(observed, transformer, notes)
     return entries, notes, code
 
@@ -259,10 +262,11 @@ def _before_split(observed: Observed, group: str, split_list: str | None) -> boo
     return split_list is not None and top in order and split in order and order.index(top) < order.index(split)
 
 
-def _attention_code(observed: Observed, transformer: str, notes: list[str], split_list: str | None) -> list[str]:
+def _attention_code(observed: Observed, transformer: str, notes: list[str], split_list: str | None,
+                    gathered: set[str] = frozenset()) -> list[str]:
     """Route the attention groups the split sequence reaches (self or joint) through cache-dit's dispatcher where
     their processor does not pass the CP config, or where a joint key mask must be reordered for Ulysses; run those
-    it does not reach (refiners, modules called before the split at `split_list`) without the CP config."""
+    it does not reach (refiners, modules called before the split at `split_list`, `gathered` lists) without it."""
     a = observed.anatomy
     code = []
     for g in a.attention.groups:
@@ -277,8 +281,12 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str], spli
                    "order): its attention runs whole on every rank")
             code += _whole(why, proc, f"[{where}]", notes)
             continue
+        attribute, _, path = g.group.partition(".*.")
+        if g.transformer == transformer and g.calls and attribute in gathered:
+            why = f"`{g.group}` ({g.processor}): its blocks run on the gathered sequence: its attention runs whole"
+            code += _whole(why, proc, f"[block.{path} for block in transformer.{attribute}]", notes)
+            continue
         if g.transformer == transformer and g.kind == "cross" and g.calls and g.mask and proc.get("passes_cp"):
-            attribute, _, path = g.group.partition(".*.")
             if not proc.get("routable"):
                 notes.append(f"NOT HANDLED: `{g.group}`: cross-attention over a masked text that stays whole, and "
                              "its processor passes the CP config cache-dit sets on it (Ulysses would gather the text "
@@ -292,10 +300,9 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str], spli
             continue
         if g.transformer != transformer or g.kind not in ("self", "joint") or not g.calls:
             continue
-        if g.group.partition(".*.")[0] in a.sequence.refiners:
+        if attribute in a.sequence.refiners:
             why = (f"`{g.group}`: its list refines one part of the sequence before the split (the forward "
                    "concatenates the parts after it): its attention runs whole on every rank")
-            attribute, _, path = g.group.partition(".*.")
             code += _whole(why, proc, f"[block.{path} for block in transformer.{attribute}]", notes)
             continue
         masked = g.kind == "joint" and g.mask
@@ -332,7 +339,6 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str], spli
                      f"{'first' if in_code else 'after the image'} (torch.cat of its text and image projections)")
         else:
             order = "no padded key was observed: the text is taken to come after the image in the keys"
-        attribute, _, path = g.group.partition(".*.")
         s = a.sequence
         if g.kind == "self" and not s.joint and s.text_tokens and g.kv_len and s.image_tokens \
                 and s.image_tokens < g.kv_len <= s.image_tokens + s.text_tokens:

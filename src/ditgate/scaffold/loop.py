@@ -6,6 +6,8 @@ is named NOT HANDLED."""
 
 from __future__ import annotations
 
+from ditgate.inspect.model import SKIP_FINDING  # audit_loop's mark on a finding that `skips` handles
+
 
 FUNCTOR = '''
 # -- a patch functor written by `ditgate scaffold` (used by block_adapter) ----------------------------------------
@@ -294,9 +296,6 @@ def _outside(outside_calls: list[str], transformer: str, lists: list) -> tuple[d
                      f"ran while block {found[0]} was not running); during a call the cached list holds one wrapper "
                      "there: BlockLoop hands the wrapper that sub-module (without it the cache row errors)")
     return reads, notes
-
-
-SKIP_FINDING = "(a skip inside the loop)"  # ditgate.inspect.blocks.audit_loop's finding, handled by `skips`
 
 
 def _skips(b) -> tuple[dict[str, dict[int, tuple[int, int]]], str]:

@@ -66,14 +66,19 @@ def _packed_cp(observed: Any, transformer: str, first) -> tuple[list[str], list[
         why = ("its kernel was called with is_causal=True over one stream (observed), which cache-dit's CP refuses; "
                "under Ulysses each rank holds the whole stream in its order after the all-to-all (a share of the "
                "heads), so an explicit causal mask over the gathered tokens is exact" if causal else "")
-        why += ("; " if why else "") + ("a call whose queries are fewer than its keys (one stream's queries over "
-                                        "several streams' keys) gets its queries padded to the keys' length, "
-                                        "those rows dropped (cache-dit's Ulysses moves q, k, v with one shape)")
+        if g.enable_gqa:
+            why += ("; " if why else "") + ("its kernel was called with enable_gqa=True (fewer key/value heads), "
+                                            "which cache-dit's CP takes only with a GQA strategy: "
+                                            "replicate_kv_sequence (each rank's query heads meet their kv heads)")
+        why += ("; " if why else "") + ("where a call's queries are fewer than its keys (one stream's queries "
+                                        "over several streams' keys), the routed kernel pads them to the keys' "
+                                        "length and drops those rows")
         if not proc.get("routable"):
             notes.append(f"NOT HANDLED: `{g.group}`: {why}; its processor calls no `dispatch_attention_fn` the "
                          "scaffold can route")
             continue
-        notes.append(f"`{g.group}`: {why}; unrouted, cache-dit's dispatcher raises or mis-shapes (cp-ulysses-2)")
+        notes.append(f"`{g.group}`: {why}; routed through cache-dit's dispatcher with the CP config (cp-ulysses-2 "
+                     "fails with is_causal, or GQA without a strategy, handed on)")
         code.append(f"    route_attention([block.{path} for block in transformer.{first.attribute}])")
     return entries, notes, code
 

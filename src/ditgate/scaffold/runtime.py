@@ -1,7 +1,7 @@
 """Code a scaffolded plugin carries when its plans need more than a plan dict: an attention processor that routes the
 model's own processor's kernel call through cache-dit's `_dispatch_attention_fn` (with the CP config, and a joint
-key mask put in the order Ulysses' all-to-all gives the keys), and a wrapper that runs a sequence-dependent router on
-the whole sequence under CP, and one that counts per rank an integer the blocks take for the tokens at one end
+key mask put in the order Ulysses' all-to-all gives the keys), and a wrapper that runs a sequence-dependent router, or
+a block that folds its tokens into the image grid, on the whole sequence under CP, and one that counts per rank an integer the blocks take for the tokens at one end
 of their sequence. `HELPERS` is pasted into the plugin as it is; `write` decides whether it is used.
 """
 
@@ -298,11 +298,13 @@ def count_parts(transformer, blocks, name, end):
 
 
 class GatheredRouting:
-    """Runs a router whose choices depend on the whole sequence (expert-choice) on the whole sequence under CP: its
-    sequence-long inputs (dim 1) are gathered from the ranks, its output is cut back to this rank's share."""
+    """Runs a module whose output depends on the whole sequence (an expert-choice router; a block that folds its
+    tokens into the image grid) on the whole sequence under CP: its sequence-long inputs (dim 1; `names`: those
+    arguments alone) are gathered from the ranks, its output is cut back to this rank's share."""
 
-    def __init__(self, transformer, module):
-        self.transformer, self.forward = transformer, module.forward
+    def __init__(self, transformer, module, names=None):
+        self.transformer, self.forward, self.names = transformer, module.forward, names
+        self.signature = inspect.signature(type(module).forward.__get__(module)) if names else None
 
     def __call__(self, *args, **kwargs):
         cp = _cp_config_of(self.transformer)
@@ -310,7 +312,9 @@ class GatheredRouting:
             return self.forward(*args, **kwargs)
         group = cp._flattened_mesh.get_group()
         world, rank = dist.get_world_size(group), dist.get_rank(group)
-        local = next(a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.ndim >= 3).shape[1]
+        bound = self.signature.bind(*args, **kwargs) if self.names else None
+        local = (bound.arguments[self.names[0]] if bound else next(
+            a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.ndim >= 3)).shape[1]
 
         def whole(x):
             if not (torch.is_tensor(x) and x.ndim >= 3 and x.shape[1] == local):
@@ -319,7 +323,11 @@ class GatheredRouting:
             dist.all_gather(parts, x.contiguous(), group=group)
             return torch.cat(parts, dim=1)
 
-        out = self.forward(*[whole(a) for a in args], **{k: whole(v) for k, v in kwargs.items()})
+        if bound:  # the named arguments alone (a text as long as this rank's share stays as it is)
+            bound.arguments.update({n: whole(bound.arguments[n]) for n in self.names if n in bound.arguments})
+            out = self.forward(*bound.args, **bound.kwargs)
+        else:
+            out = self.forward(*[whole(a) for a in args], **{k: whole(v) for k, v in kwargs.items()})
         return out[:, rank * local:(rank + 1) * local]
 
 
@@ -327,5 +335,10 @@ def gather_routing(transformer, modules):
     for module in modules:
         if not isinstance(module.forward, GatheredRouting):
             module.forward = GatheredRouting(transformer, module)
-'''
 
+
+def gather_grid(transformer, blocks, names):
+    for block in blocks:
+        if not isinstance(block.forward, GatheredRouting):
+            block.forward = GatheredRouting(transformer, block, names)
+'''
