@@ -183,26 +183,39 @@ def test_bria_fibo_loop_work_moves_into_the_blocks_and_the_text_layers_are_split
 
 
 @pytest.mark.full
-def test_hidream_blocks_take_the_cached_call_by_name_and_redo_the_loops_work(run_cli, tmp_path):
-    """zoo:pipe/hidream: its double block takes `hidden_states_masks` second, where cache-dit's cached list passes
-    `encoder_hidden_states`, and its single-block loop joins a per-block text layer to the stream and cuts it back
-    after each block (a block counter run on from the double blocks). The scaffold's BlockLoop passes the streams on
-    by name (`calls`) and has each block redo the loop's work (`between`): the cache row passes, caching off max-abs
-    0. Without `calls` the cache row errors (multiple values for `hidden_states_masks`); without `between` it
-    departs from the baseline with caching off."""
+def test_hidream_passes_cache_cp_and_tp_and_each_old_choice_fails_its_row(run_cli, tmp_path):
+    """zoo:pipe/hidream. Cache: its double block takes `hidden_states_masks` second, where cache-dit's cached list
+    passes `encoder_hidden_states`, and its single-block loop joins a per-block text layer to the stream and cuts it
+    back after each block (a block counter run on from the double blocks): BlockLoop passes the streams on by name
+    (`calls`) and has each block redo the loop's work (`between`); caching off max-abs 0. CP: the text is joined in
+    the forward from per-layer projections (`caption_projection.*`, blocks that do not chain), split where they are
+    made, and the RoPE table over image then text is cut to each rank's image and text rows (`cut_joint_table`).
+    The old choices fail: without `calls` the cache row errors (multiple values for `hidden_states_masks`), without
+    `between` it departs with caching off; the table left whole, or the text split at the first block instead of
+    where its pieces are made, fails cp-ulysses-2."""
     out = tmp_path / "hidream.py"
-    run_cli("scaffold", "zoo:pipe/hidream", "--out", out, "--rows", "cache", "--run-dir", tmp_path / "run")
+    run_cli("scaffold", "zoo:pipe/hidream", "--out", out, "--rows", "cache,cp-ulysses-2,tp-2", "--run-dir",
+            tmp_path / "run")
     text = out.read_text()
     between = ("between={'single_stream_blocks': ['hidden_states'], 'double_stream_blocks': ['hidden_states', "
                "'encoder_hidden_states']}")
     calls = "calls={'double_stream_blocks': ['hidden_states', 'encoder_hidden_states']}"
-    assert f"patch_functor=BlockLoop({{}}, {between}, {calls}))" in text, text
-    row = report_rows(tmp_path / "run")["cache"]
-    assert row["status"] == "passed" and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["reasons"]
-    for name, plugin, expect in (("no_calls", text.replace(f", {calls}", ""), "multiple values"),
-                                 ("no_between", text.replace(f"{between}, ", ""), "caching off")):
+    pieces = '"caption_projection.*": {0: _ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)},'
+    cuts = [line for line in text.splitlines() if line.startswith("    cut_joint_table(transformer, ")]
+    assert f"patch_functor=BlockLoop({{}}, {between}, {calls}))" in text and pieces in text and len(cuts) == 2, text
+    rows = report_rows(tmp_path / "run")
+    assert rows["cache"]["status"] == "passed" and rows["cache"]["verdict"]["cache_off"]["max_abs"] == 0.0, rows
+    assert rows["cp-ulysses-2"]["status"] == "passed" and rows["tp-2"]["status"] == "passed", rows
+    at_block = '"encoder_hidden_states": _ContextParallelInput(split_dim=1, expected_dims=3, split_output=False)}'
+    opposite = {"no_calls": ("cache", text.replace(f", {calls}", ""), "multiple values"),
+                "no_between": ("cache", text.replace(f"{between}, ", ""), "caching off"),
+                "whole_table": ("cp-ulysses-2", "\n".join(x for x in text.splitlines() if x not in cuts), "size"),
+                "text_at_block": ("cp-ulysses-2", text.replace(pieces, "").replace(
+                    "split_output=False)},\n", "split_output=False), " + at_block + ",\n", 1), "size")}
+    for name, (row_name, plugin, expect) in opposite.items():
+        assert plugin != text, name
         (tmp_path / f"{name}.py").write_text(plugin)
-        code, _, _ = run_cli("run", "zoo:pipe/hidream", "--rows", "cache", "--integration", tmp_path / f"{name}.py",
+        code, _, _ = run_cli("run", "zoo:pipe/hidream", "--rows", row_name, "--integration", tmp_path / f"{name}.py",
                              "--dtype", "float32", "--out", tmp_path / name, "-q")
-        row = report_rows(tmp_path / name)["cache"]
+        row = report_rows(tmp_path / name)[row_name]
         assert code == 1 and expect in " ".join(row["reasons"]), (name, row["reasons"])

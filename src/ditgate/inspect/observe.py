@@ -79,20 +79,20 @@ def same_value(a: Any, b: Any) -> str | None:
         return None
 
 
-def carries(output: Any, argument: Any) -> bool:
-    """Whether `argument` holds a part of `output` as it is: a whole nonzero slice along one dimension (aligned at
-    the start or the end; the other dimensions of equal size) equal in both (a stream the loop cut or joined)."""
+def carries(output: Any, argument: Any) -> int | None:
+    """The dimension along which `argument` holds a part of `output` as it is: a whole nonzero slice (aligned at the
+    start or the end; the other dimensions of equal size) equal in both (a stream the loop cut or joined), else None."""
     if not (isinstance(output, torch.Tensor) and isinstance(argument, torch.Tensor)) or output.ndim != argument.ndim \
             or output.dtype != argument.dtype or not output.numel() or not argument.numel():
-        return False
+        return None
     for d in range(1, output.ndim):
         m, rest = min(output.shape[d], argument.shape[d]), [i for i in range(output.ndim) if i != d]
         if [output.shape[i] for i in rest] == [argument.shape[i] for i in rest] and any(
                 ((a == b).all(dim=rest) & (a != 0).any(dim=rest)).any() for a, b in (
                     (output.narrow(d, 0, m), argument.narrow(d, 0, m)),
                     (output.narrow(d, output.shape[d] - m, m), argument.narrow(d, argument.shape[d] - m, m)))):
-            return True
-    return False
+            return d
+    return None
 
 
 def as_outputs(output: Any) -> tuple | None:
@@ -349,7 +349,7 @@ class Probe(HookedRecorder):
         sources = {p: earlier[(a.data_ptr(), tuple(a.shape))] for p in changed if isinstance(a := call.bound[p],
                    torch.Tensor) and a.numel() and (a.data_ptr(), tuple(a.shape)) in earlier}
         carried = [p for p, a in call.bound.items() if p not in flowing
-                   and any(carries(o, a) for o in list_record._previous or ())]
+                   and any(carries(o, a) is not None for o in list_record._previous or ())]
         return Transition(index, flows, changed, list(sources), sources, carried)
 
     def _attention_hooks(self, record: TransformerRecord, group: str, module):

@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from ditgate.scaffold.grid import grid_lists
+from ditgate.scaffold.joint import joint_tables, text_pieces
 from ditgate.scaffold.packed import _packed_cp
 
 Observed = Any  # ditgate.scaffold.write.Observed (imported by that module, so named here without importing it)
@@ -123,8 +124,9 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
         elif skip:
             notes.append(f"NOT HANDLED: long skip ({skip[0]}) and no module was seen making the first block's input")
         text = _text_param(first, txt)
-        every = {}
-        if joint and text:
+        every, (pieces, more) = {}, text_pieces(observed, transformer, first, text) if joint else ([], [])
+        notes += more
+        if joint and text and not pieces:
             returned = text == first.encoder_param  # the blocks hand it on; else the forward gives each block its own
             text_split = SPLIT.format(dim=1, ndim=3, out=False)  # at every block: one split of the whole argument
             (split if returned else every)[text] = text_split if returned else {None: text_split}
@@ -133,11 +135,11 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
                              "" if returned else f", at every block (`{first.attribute}.*`: the blocks do not return "
                              "it, so the forward hands each block the whole text)")
                          + "; the other choice, text kept whole, is told apart by cp-ulysses-2")
-        elif txt:
+        elif txt and not pieces:
             notes.append(f"cross attention (keys from the {txt}-token text): the text stays whole on every rank")
-        body = ", ".join(f'"{k}": {v}' for k, v in split.items())
-        if body:
+        if body := ", ".join(f'"{k}": {v}' for k, v in split.items()):
             entries.append(f'"{first.attribute}.0": {{{body}}}')
+        entries += pieces
         made: dict[str, list[str]] = {}
         keyed: dict[str, dict[str, int]] = {}  # module -> {key of its dict output: sequence dim}
         for t in _own(a.traits.per_block_tensors, transformer):
@@ -187,10 +189,8 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
             entries.append(f'"{module}": {{' + ", ".join(p if ":" in p else f"0: {p}" for p in parts) + "}")
         for module, dims in keyed.items():
             code.append(f"    split_dict_output(transformer, transformer.{module}, {dims!r})")
-        for table in s.per_token_tables:
-            if "image + text" in table:
-                notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "
-                             "split by its output; split the inputs it is made from")
+        code += joint_tables(s.per_token_tables, [b for b in a.block_lists if b.transformer == transformer
+                                                  and b.called and b.chained], img, notes) if joint else []
     gathered = grid_lists(observed, transformer, entries, notes, code)  # lists run on the gathered stream
     for p in a.traits.part_counts:
         attribute = p["list"].split(".", 1)[-1]

@@ -268,6 +268,50 @@ def split_dict_output(transformer, module, dims):
         module.forward = SplitDictOutput(transformer, module, dims)
 
 
+class CutJointTable:
+    """Under CP, a per-token table over the image then the text tokens that a block receives whole (`name`, the
+    sequence on `dim`), cut to this rank's image rows joined to its text rows, the order of its own stream: the whole
+    image's rows are this rank's image tokens times the ranks, read at a block that takes the image (`hidden`) and
+    the text (`text`) apart after the split; text rows as many as this rank's text were made from its own text and
+    stay. A block over the joined stream (`text` None) gets the cut made for the same table."""
+
+    last = (None, None)  # the last whole table cut, and its cut
+
+    def __init__(self, transformer, block, name, dim, hidden, text):
+        self.transformer, self.forward, self.name, self.dim = transformer, block.forward, name, dim
+        self.hidden, self.text = hidden, text
+        self.signature = inspect.signature(type(block).forward.__get__(block))
+
+    def __call__(self, *args, **kwargs):
+        cp = _cp_config_of(self.transformer)
+        bound = self.signature.bind(*args, **kwargs)
+        table, given = bound.arguments.get(self.name), bound.arguments
+        if cp is None or not torch.is_tensor(table):
+            return self.forward(*args, **kwargs)
+        if CutJointTable.last[0] is not table:
+            if not (torch.is_tensor(given.get(self.hidden)) and torch.is_tensor(given.get(self.text))):
+                return self.forward(*args, **kwargs)
+            group = cp._flattened_mesh.get_group()
+            world, rank = dist.get_world_size(group), dist.get_rank(group)
+            image, text_local = given[self.hidden].shape[1] * world, given[self.text].shape[1]
+            text = table.narrow(self.dim, image, table.shape[self.dim] - image)
+            text = text if text.shape[self.dim] == text_local else text.chunk(world, self.dim)[rank]
+            CutJointTable.last = (table, torch.cat([table.narrow(self.dim, 0, image).chunk(world, self.dim)[rank],
+                                                    text], self.dim))
+        params, args = list(self.signature.parameters), list(args)  # the call's own form, the table replaced
+        if self.name in kwargs or params.index(self.name) >= len(args):
+            kwargs[self.name] = CutJointTable.last[1]
+        else:
+            args[params.index(self.name)] = CutJointTable.last[1]
+        return self.forward(*args, **kwargs)
+
+
+def cut_joint_table(transformer, blocks, name, dim, hidden, text):
+    for block in blocks:
+        if not isinstance(block.forward, CutJointTable):
+            block.forward = CutJointTable(transformer, block, name, dim, hidden, text)
+
+
 class PartCount:
     """Under CP, an integer a block receives that counts the tokens at one end of its sequence (`end`: "head" or
     "tail") becomes the count of those tokens in this rank's contiguous share of the split sequence (its first

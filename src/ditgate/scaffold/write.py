@@ -15,6 +15,7 @@ from typing import Any
 
 from ditgate.core.errors import DitgateError
 from ditgate.scaffold.cp import _blocks_expr, _cp
+from ditgate.scaffold.joint import watch_pieces
 from ditgate.scaffold.loop import FUNCTOR, _functor, _outside
 from ditgate.scaffold.runtime import HELPERS
 from ditgate.scaffold.tp import _tp_layers
@@ -24,6 +25,7 @@ class Observed:
     anatomy: Any  # ditgate.inspect.model.Anatomy
     roots: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # transformer -> input name -> shape
     root_lists: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)  # inputs given as tensor lists
+    pieces: dict[str, dict[str, tuple]] = field(default_factory=dict)  # list -> (first-block input, dim, ndim)
     child_inputs: dict[str, list[list[int]]] = field(default_factory=dict)  # transformer child -> its tensor inputs
     processors: dict[str, dict[str, Any]] = field(default_factory=dict)  # attention group -> what its processor does
     order: list[str] = field(default_factory=list)  # transformer children and first blocks ("list.0"), as first called
@@ -65,6 +67,7 @@ def observe(model) -> Observed:
                                                   if isinstance(a, torch.Tensor)]
                 handles.append(child.register_forward_pre_hook(child_pre, with_kwargs=True))
             _processors(module, seen.processors, handles)
+            watch_pieces(module, name, seen, handles)
 
     try:
         seen.anatomy = inspect_model(model, on_load=hook_all)
