@@ -219,3 +219,24 @@ def test_hidream_passes_cache_cp_and_tp_and_each_old_choice_fails_its_row(run_cl
                              "--dtype", "float32", "--out", tmp_path / name, "-q")
         row = report_rows(tmp_path / name)[row_name]
         assert code == 1 and expect in " ".join(row["reasons"]), (name, row["reasons"])
+
+
+def test_a_vector_as_wide_as_image_and_text_is_no_joint_table():
+    """A [batch, features] vector whose width equals the image and text tokens (HunyuanVideo's `temb`, [1, 64]) is
+    not cut at the blocks and stays NOT HANDLED; a table with the tokens on dim 1 of more dims is cut."""
+    from ditgate.inspect.model import BlockList, Param
+
+    from ditgate.scaffold.joint import joint_tables
+
+    params = [Param("hidden_states", "positional_or_keyword", False), Param("temb", "positional_or_keyword", False),
+              Param("rope", "positional_or_keyword", True)]
+    b = BlockList(transformer="transformer", attribute="blocks", length=2, block_class="B", block_module="m",
+                  source_file=None, signature=params, returns="", called=True, encoder_param="encoder_hidden_states",
+                  call={"inputs": {"hidden_states": "tensor[1, 48, 8] float32", "temb": "tensor[1, 64] float32",
+                                   "rope": "tensor[1, 64, 4, 2] float32"}})
+    notes = []
+    assert joint_tables(["embed: output 0 [1, 64] (dim 1: image + text tokens)"], [b], 48, notes) == []
+    assert notes[0].startswith("NOT HANDLED: a per-token table over image and text concatenated (embed")
+    code = joint_tables(["pe: output 0 [1, 64, 4, 2] (dim 1: image + text tokens)"], [b], 48, notes)
+    assert code == ["    cut_joint_table(transformer, transformer.blocks, 'rope', 1, 'hidden_states', "
+                    "'encoder_hidden_states')"], code

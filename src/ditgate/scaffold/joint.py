@@ -79,7 +79,10 @@ def joint_tables(tables: list[str], lists: list, image_tokens: int, notes: list[
     code = []
     for table in tables:
         module, _, outputs = table.partition(": ")
+        cut = len(code)
         for shape, dim in re.findall(r"output \d+ (\[[^\]]*\]) \(dim (\d+): image \+ text tokens\)", outputs):
+            if not 1 <= int(dim) < len(shape.split(",")) - 1:  # a [batch, features] vector is no per-token table
+                continue
             for b in lists:
                 positional = [p.name for p in b.signature if p.kind in ("positional_only", "positional_or_keyword")]
                 for param, summary in (b.call or {}).get("inputs", {}).items():
@@ -93,4 +96,7 @@ def joint_tables(tables: list[str], lists: list, image_tokens: int, notes: list[
                                  "row tells); left whole, cp-ulysses-2 fails")
                     code.append(f"    cut_joint_table(transformer, transformer.{b.attribute}, {param!r}, {dim}, "
                                 f"{positional[0]!r}, {b.encoder_param!r})")
+        if "image + text" in outputs and len(code) == cut:
+            notes.append(f"NOT HANDLED: a per-token table over image and text concatenated ({table}) cannot be "
+                         "split by its output; split the inputs it is made from")
     return code

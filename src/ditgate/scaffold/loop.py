@@ -110,8 +110,9 @@ class BlockLoop(cache_dit.PatchFunctor):
     `between` {list: the stream inputs the block returns, in order}: the loop changes the stream between block calls
     (cuts, joins, projects it); while cache-dit's cached list stands for the blocks, each call first runs the forward
     with stand-in blocks under a `_Trace`, which records what the loop does to each block's outputs before the next
-    block gets them, and each block but the first redoes that work on the previous block's outputs itself. Right
-    while that work does not depend on the values the blocks return (the caching-off check tells).
+    block gets them, and each block redoes that work itself on the previous block's outputs (the first block of a
+    later list on the outputs the loop got from the earlier list). Right while that work does not depend on the
+    values the blocks return (the caching-off check tells).
     `calls` {list: stream inputs}: cache-dit's cached list passes these first by position, which the block takes
     elsewhere (HiDream's `hidden_states_masks` second); each block takes them by position and passes them by name."""
 
@@ -136,9 +137,6 @@ class BlockLoop(cache_dit.PatchFunctor):
             for index, block in enumerate(originals[name]):
                 block.forward = self._between(block, index, name, outputs, traces, finals,
                                               {n: len(originals[n]) for n in self.between})
-        for name, streams in self.calls.items():
-            for block in getattr(transformer, name):
-                block.forward = self._by_name(block.forward, streams)
         for name, (arguments, _) in self.lists.items():
             for index, block in enumerate(originals[name]):
                 block.forward = self._own(block, recorded[name], index, arguments)
@@ -154,6 +152,9 @@ class BlockLoop(cache_dit.PatchFunctor):
                 takes = {a: receivers[index] for a, receivers in arguments.items() if index in receivers}
                 if takes or index in sources:
                     block.forward = self._skip(block, kept[name], index, takes, index in sources)
+        for name, streams in self.calls.items():  # outermost: the cached list's call, by name, for the others
+            for block in getattr(transformer, name):
+                block.forward = self._by_name(block.forward, streams)
         forward = transformer.forward
 
         @functools.wraps(forward)
