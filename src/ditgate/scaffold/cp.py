@@ -9,18 +9,12 @@ import re
 from typing import Any
 
 from ditgate.scaffold.grid import grid_lists
+from ditgate.scaffold.halved import _seq_dim, note, reached, split_self_attention
 from ditgate.scaffold.joint import joint_tables, text_pieces
 from ditgate.scaffold.packed import _packed_cp
 
 Observed = Any  # ditgate.scaffold.write.Observed (imported by that module, so named here without importing it)
 SPLIT = "_ContextParallelInput(split_dim={dim}, expected_dims={ndim}, split_output={out})"
-
-
-def _seq_dim(shape: list[int], lengths: set[int]) -> int | None:
-    """The sequence dimension of `shape`: past the batch of a 3-D or larger tensor, the first of a 2-D table
-    ([tokens, features]); a 2-D [batch, features] vector whose width happens to equal a length is not one."""
-    dims = range(1, len(shape)) if len(shape) >= 3 else range(min(1, len(shape)))
-    return next((d for d in dims if shape[d] in lengths), None)
 
 
 def _text_param(first, txt: int | None) -> str | None:
@@ -89,6 +83,9 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
     at_root = {n: (_seq_dim(shape, lengths), len(shape)) for n, shape in root.items()}
     at_root = {n: v for n, v in at_root.items() if v[0] is not None and "mask" not in n.lower()}  # never the stream
     root_ok, why_not = _root_split_ok(observed, transformer)
+    if not root_ok and (firsts := reached(observed, transformer)):  # every list, refiners too, gets its share
+        notes.append(note(observed, transformer, firsts, why_not))
+        root_ok, why_not, s.refiners[:] = True, "", []
     split_at_root = any(root[n][d] == img for n, (d, _) in at_root.items()) and root_ok
     if split_at_root:
         notes.append(f"the transformer's own inputs carry the {img}-token sequence "
@@ -273,6 +270,9 @@ def _attention_code(observed: Observed, transformer: str, notes: list[str], spli
         proc = observed.processors.get(g.group, {})
         if g.transformer == transformer and g.calls and ".*." not in g.group:  # outside every block list
             where = f"transformer.get_submodule({g.group!r})"
+            if split_list is None and (kept := split_self_attention(observed, transformer, g, proc)):
+                notes.append(kept)  # the root split reaches it: Ulysses gathers its keys
+                continue
             if not _before_split(observed, g.group, split_list):
                 notes.append(f"NOT HANDLED: `{g.group}` runs outside the block lists, not observed before the split "
                              "(the sequence may reach it split): decide its attention under CP by hand")

@@ -15,6 +15,7 @@ from typing import Any
 
 from ditgate.core.errors import DitgateError
 from ditgate.scaffold.cp import _blocks_expr, _cp
+from ditgate.scaffold.halved import run_halved
 from ditgate.scaffold.joint import watch_pieces
 from ditgate.scaffold.loop import FUNCTOR, _functor, _outside
 from ditgate.scaffold.runtime import HELPERS
@@ -29,6 +30,7 @@ class Observed:
     child_inputs: dict[str, list[list[int]]] = field(default_factory=dict)  # transformer child -> its tensor inputs
     processors: dict[str, dict[str, Any]] = field(default_factory=dict)  # attention group -> what its processor does
     order: list[str] = field(default_factory=list)  # transformer children and first blocks ("list.0"), as first called
+    halved: dict[str, Any] = field(default_factory=dict)  # transformer -> its call whole and halved (scaffold.halved)
 
 
 def observe(model) -> Observed:
@@ -41,7 +43,7 @@ def observe(model) -> Observed:
     from ditgate.inspect.observe import block_lists
 
     seen = Observed(None)
-    handles = []
+    handles, first_calls = [], {}
 
     def hook_all(pipe):
         for name, module in classify_components(pipe)["transformers"].items():
@@ -53,6 +55,7 @@ def observe(model) -> Observed:
                 except TypeError:
                     bound = dict(kwargs)
                 seen.roots[name] = {k: list(v.shape) for k, v in bound.items() if isinstance(v, torch.Tensor)}
+                first_calls[name] = (mod, {k: v.clone() if torch.is_tensor(v) else v for k, v in bound.items()})
                 seen.root_lists[name] = {k: [list(x.shape) for x in v] for k, v in bound.items()
                                          if isinstance(v, (list, tuple)) and v and all(torch.is_tensor(x) for x in v)}
                 return None
@@ -74,6 +77,7 @@ def observe(model) -> Observed:
     finally:
         for handle in handles:
             handle.remove()
+    run_halved(seen, first_calls)
     return seen
 
 
