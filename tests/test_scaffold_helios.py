@@ -37,3 +37,24 @@ def test_an_integer_counting_the_tail_of_the_sequence_is_counted_per_rank(run_cl
         assert code == 1 and rows[name]["status"] in ("failed", "error"), (name, rows[name])
     assert "split_with_sizes" in " ".join(rows["whole"]["reasons"]), rows["whole"]
     assert rows["head"]["status"] == "failed" and "max-abs" in " ".join(rows["head"]["reasons"]), rows["head"]
+
+
+def test_an_integer_counting_a_part_is_not_counted_per_rank_under_a_root_split():
+    """count_parts gives each rank the count of the counted tokens in its contiguous slice of the whole stream. That
+    holds for Helios' split at `blocks.0`; under a split at the transformer's inputs each rank's stream is its share of
+    every part the forward joins ([its history, its video]), which no slice describes: the scaffold names the integer
+    NOT HANDLED there and writes no count_parts (observed on Helios' own anatomy, both split points)."""
+    from ditgate.core.model import Model
+    from ditgate.inspect.anatomy import inspect_model
+    from ditgate.scaffold.cp import count_code
+
+    a = inspect_model(Model.open("zoo:pipe/helios", dtype="float32", device="cpu", height=64, width=64))
+    assert [p["argument"] for p in a.traits.part_counts] == ["original_context_length"], a.traits.part_counts
+    notes = []
+    assert count_code(a, "transformer", False, notes) == [
+        "    count_parts(transformer, transformer.blocks, 'original_context_length', 'tail')"]
+    assert not any("NOT HANDLED" in n for n in notes), notes
+    notes = []
+    assert count_code(a, "transformer", True, notes) == []
+    assert any(n.startswith("NOT HANDLED: `original_context_length` = 144") and "transformer's inputs" in n
+               for n in notes), notes

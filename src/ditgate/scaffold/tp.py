@@ -7,12 +7,13 @@ from typing import Any
 
 
 def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], chains: list[tuple[str, str]] = (),
-               tp: int = 2) -> tuple[dict[str, str], list[str]]:
+               tp: int = 2, group_heads: dict[str, int] | None = None) -> tuple[dict[str, str], list[str]]:
     """The layer plan of one block structure: only pairs whose every member was observed; attention modules in
-    `across` (a q/k norm over all heads) kept whole; a Linear reading another sharded Colwise never Colwise too."""
+    `across` (a q/k norm over all heads) kept whole; a Linear reading another sharded Colwise never Colwise too.
+    `group_heads`: each attention's own head count by its path in the block (else `heads`, the model's)."""
     names = {r["layer"]: r["style"] for r in rows}
     widths = {r["layer"]: (r.get("in"), r.get("out")) for r in rows}
-    plan, notes = {}, []
+    plan, notes, own = {}, [], group_heads or {}
     for layer in [n for n in names if n.endswith(".to_q")]:
         p = layer[: -len(".to_q")]
         qkv = [f"{p}.to_q", f"{p}.to_k", f"{p}.to_v"]
@@ -26,8 +27,15 @@ def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], 
                          "would normalise each shard alone, so it is kept whole; the other choice (shard it with a "
                          "norm over the gathered heads) is told apart by tp-2")
             continue
-        if heads is None or heads % tp:
-            notes.append(f"`{p}`: {heads} heads do not divide by {tp}: kept whole")
+        h = own.get(p, heads)
+        if h is None or h % tp:
+            notes.append(f"`{p}`: {h} heads do not divide by {tp}: kept whole")
+            continue
+        kv = _kv_heads(widths, p, h)
+        if kv is None or kv % tp:  # to_k/to_v Colwise would cut inside a key/value head, their count divided to 0
+            notes.append(f"`{p}`: {kv or 'an unobserved number of'} key/value heads (to_k/to_v width over the head "
+                         f"size) do not divide by {tp}: kept whole; sharding it is the other choice, told apart by "
+                         "tp-2")
             continue
         plan.update({n: "ColwiseParallel()" for n in qkv})
         plan[out] = "RowwiseParallel()"
@@ -65,12 +73,25 @@ def _tp_layers(rows: list[dict[str, Any]], heads: int | None, across: set[str], 
                          f"`{second}` (observed), which writes it back: Colwise then Rowwise (an MLP's hidden width "
                          "divided); kept whole is the other choice, told apart by tp-2")
     for first, second in chains:  # the first of a chained pair is sharded only when the second undoes it
-        if first in names and first not in plan and plan.get(second) == "RowwiseParallel()":
+        if first in names and first not in plan and plan.get(second) == "RowwiseParallel()" \
+                and widths[first][1] not in (widths[second][0], own.get(second.split(".to_")[0], heads)):
+            notes.append(f"`{first}`'s output reaches `{second}` (observed) but is {widths[first][1]} wide, neither "
+                         f"the {widths[second][0]} features `{second}` reads split nor one per head: kept whole (a "
+                         "gate broadcast over the features); Colwise is the other choice, told apart by tp-2")
+        elif first in names and first not in plan and plan.get(second) == "RowwiseParallel()":
             plan[first] = "ColwiseParallel()"  # a Rowwise layer reads its input split on the features
             notes.append(f"`{first}`'s output reaches `{second}` (observed), which reads its features split over the "
                          f"ranks (RowwiseParallel): `{first}` Colwise, so its features split the same way (a gate "
-                         f"over the heads); kept whole is the other choice and fails tp-2")
+                         f"over the heads, or one per head); kept whole is the other choice and fails tp-2")
         elif first in names and first not in plan and second in plan:
             notes.append(f"`{first}` feeds `{second}` (observed): `{first}` kept whole, `{second}` "
                          f"{plan[second]}; both Colwise is the other choice and fails tp-2")
     return plan, notes
+
+
+def _kv_heads(widths: dict[str, tuple], p: str, heads: int) -> int | None:
+    """The key/value head count of the attention `p`: its to_k and to_v widths over the head size (to_q's width over
+    `heads`); None where they are unobserved or not whole heads."""
+    q, k, v = (widths[f"{p}.{n}"][1] for n in ("to_q", "to_k", "to_v"))
+    size = q // heads if q and q % heads == 0 else None
+    return k // size if size and k and k == v and k % size == 0 else None

@@ -15,10 +15,15 @@ from typing import Any
 
 from ditgate.core.errors import DitgateError
 from ditgate.scaffold.cp import _blocks_expr, _cp
+from ditgate.scaffold.halved import run_halved
 from ditgate.scaffold.joint import watch_pieces
 from ditgate.scaffold.loop import FUNCTOR, _functor, _outside
 from ditgate.scaffold.runtime import HELPERS
 from ditgate.scaffold.tp import _tp_layers
+
+# the names an attention gives the size of one head, which TP never divides (Krea 2's `head_dim`, diffusers' `dim_head`)
+PER_HEAD_SIZE = re.compile(r"(attn_|attention_)?(head_dim|dim_head|head_size)")
+
 
 @dataclass
 class Observed:
@@ -29,6 +34,7 @@ class Observed:
     child_inputs: dict[str, list[list[int]]] = field(default_factory=dict)  # transformer child -> its tensor inputs
     processors: dict[str, dict[str, Any]] = field(default_factory=dict)  # attention group -> what its processor does
     order: list[str] = field(default_factory=list)  # transformer children and first blocks ("list.0"), as first called
+    halved: dict[str, Any] = field(default_factory=dict)  # transformer -> its call whole and halved (scaffold.halved)
 
 
 def observe(model) -> Observed:
@@ -41,7 +47,7 @@ def observe(model) -> Observed:
     from ditgate.inspect.observe import block_lists
 
     seen = Observed(None)
-    handles = []
+    handles, first_calls = [], {}
 
     def hook_all(pipe):
         for name, module in classify_components(pipe)["transformers"].items():
@@ -53,6 +59,7 @@ def observe(model) -> Observed:
                 except TypeError:
                     bound = dict(kwargs)
                 seen.roots[name] = {k: list(v.shape) for k, v in bound.items() if isinstance(v, torch.Tensor)}
+                first_calls[name] = (mod, {k: v.clone() if torch.is_tensor(v) else v for k, v in bound.items()})
                 seen.root_lists[name] = {k: [list(x.shape) for x in v] for k, v in bound.items()
                                          if isinstance(v, (list, tuple)) and v and all(torch.is_tensor(x) for x in v)}
                 return None
@@ -74,6 +81,7 @@ def observe(model) -> Observed:
     finally:
         for handle in handles:
             handle.remove()
+    run_halved(seen, first_calls)
     return seen
 
 
@@ -98,18 +106,19 @@ def _processors(transformer, out: dict[str, dict[str, Any]], handles: list) -> N
         processor = getattr(module, "processor", None)
         namespace = vars(sys.modules.get(type(processor).__module__, pyinspect)) if processor is not None else {}
         widths = {getattr(getattr(module, n, None), "out_features", None) for n in ("to_q", "to_k", "to_v")}
-        heads, kv_heads, head_dim = _module_heads(module)  # as inspect reads them (kv heads: to_k width / head size)
+        heads, kv_heads, _ = _module_heads(module)  # as inspect reads them (kv heads: to_k width / head size)
         try:  # a CP config attribute counts only where the processor's code hands it on
             code = pyinspect.getsource(type(processor).__call__) if processor is not None else ""
         except (OSError, TypeError):
             code = ""
         # widths TP divides: head counts and inner widths, and any width the processor reshapes with (OmniGen's
         # `attn.out_dim`, the heads' joint width before the output projection); an attribute the code only tests
-        # against None (Flux's `attn.added_kv_proj_dim is not None`, the text's input width) shapes nothing
+        # against None (Flux's `attn.added_kv_proj_dim is not None`, the text's input width) shapes nothing; a per-head
+        # size is told by its name, not its value (stable-audio's `sliceable_head_dim` is its 8 heads, of size 8)
         used = set(re.findall(r"\battn\.(\w+)\b(?!\s+is\b)", code))
         divide = [n for n, v in vars(module).items() if isinstance(v, int) and not isinstance(v, bool)
                   and ("head" in n or "inner" in n or n in used)
-                  and (v in widths or v in (heads, kv_heads) and not (v == head_dim and "dim" in n))]
+                  and (v in widths or v in (heads, kv_heads)) and not PER_HEAD_SIZE.fullmatch(n)]
         group = out[key] = {
             "passes_cp": any(hasattr(processor, n) and n.lstrip("_") in code
                              for n in ("_parallel_config", "_cp_config")),
@@ -273,7 +282,9 @@ def plugin_source(observed: Observed) -> str:
         if not listed:
             continue
         across = {n.split(".*.", 1)[-1].rsplit(".", 1)[0] for n in a.attention.qk_norm_across_heads}
-        plan, tnotes = _tp_layers(rows, heads, across, chains)
+        own = {k.split(".*.", 1)[1]: g["heads"] for k, g in observed.processors.items()  # each attention's heads
+               if k.split(".*.", 1)[0] in {b.attribute for b in listed} and ".*." in k and g.get("heads")}
+        plan, tnotes = _tp_layers(rows, heads, across, chains, group_heads=own)
         for e in a.traits.experts:
             if e["layer"].startswith(transformer + ".") and (not span_text or e["blocks"].endswith(span_text[:-1])):
                 tnotes.append(f"`{e['layer'].split('.*.', 1)[-1]}`: {e['experts']} experts "
