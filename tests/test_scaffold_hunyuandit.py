@@ -8,6 +8,7 @@ from test_scaffold import report_rows
 
 from ditgate.inspect.model import BlockList, Param
 from ditgate.scaffold.loop import _functor
+from ditgate.scaffold.tp import _like
 
 
 def _blocks(**observed) -> BlockList:
@@ -31,6 +32,21 @@ def test_a_skip_inside_the_loop_is_handed_on_and_other_loop_work_stays_not_handl
     order = _blocks(loop_findings=["blocks were called in the order [0, 2, 1, 3], not 0..3 once each"])
     functor, notes = _functor([order])  # the skip is handed on; the reordered loop is named
     assert "skips=" in functor and any(n.startswith("NOT HANDLED: `blocks` needs a PatchFunctor") for n in notes)
+
+
+def test_tp_spans_are_picked_by_the_sub_layers_that_set_them_apart_where_those_do():
+    """A TP span of blocks that differ from the others by sub-layers (Hunyuan-DiT's `skip_linear` in its last blocks)
+    is picked by those sub-layers; groups told apart by parameter shapes alone, or by the same sub-layers as another
+    group, keep their indices (None)."""
+    rows = [{"blocks": "0-4", "sublayers": ["skip_norm: absent", "skip_linear: absent"]},
+            {"blocks": "5-7", "sublayers": ["skip_norm: FP32LayerNorm", "skip_linear: Linear"]}]
+    assert _like(rows, "5-7") == {"skip_norm": "FP32LayerNorm", "skip_linear": "Linear"}
+    assert _like(rows, "0-4") == {"skip_norm": None, "skip_linear": None} and _like(rows, "0-7") is None
+    shapes = [{"blocks": "0", "sublayers": ["same sub-layers, parameter shapes differ"]},
+              {"blocks": "1", "sublayers": ["same sub-layers, parameter shapes differ"]}]
+    assert _like(shapes, "0") is None
+    twice = rows + [{"blocks": "8", "sublayers": ["skip_norm: FP32LayerNorm", "skip_linear: Linear"]}]
+    assert _like(twice, "5-7") is None and _like(twice, "0-4") is not None
 
 
 @pytest.mark.full
@@ -132,8 +148,9 @@ def test_skips_observed_on_a_deeper_model_follow_its_shorter_twin(run_cli, zoo_p
     """An 8-layer Hunyuan-DiT (its loop hands block 5 block 2's output, 6 block 1's, 7 block 0's; a 40-layer release
     hands 21 <- 18 ... 39 <- 0) is scaffolded and its rows run on its float32 twin of 4 blocks (there: 3 <- 0). The
     plugin names no pair: BlockLoop finds them on the transformer it runs on, so the twin's cache row is proven
-    (caching off, max-abs 0) and cp-ulysses-2 passes. The same plugin with the pairs fixed as observed on the model
-    (the scaffold's plugin before) errors on the twin's cache row: block 3 gets no skip."""
+    (caching off, max-abs 0) and cp-ulysses-2 passes; its TP plan picks the blocks with and without `skip_linear` by
+    those sub-layers, so tp-2 passes. The same plugin with the pairs and the TP spans fixed as observed on the model
+    (the scaffold's plugin before) errors on the twin: the cache row's block 3 gets no skip, tp-2 names block 4."""
     import shutil
 
     import torch
@@ -145,7 +162,7 @@ def test_skips_observed_on_a_deeper_model_follow_its_shorter_twin(run_cli, zoo_p
     torch.manual_seed(0)
     HunyuanDiT2DModel.from_config({**config, "num_layers": 8}).save_pretrained(folder / "transformer")
     out = tmp_path / "plugin.py"
-    code, stdout, err = run_cli("scaffold", folder, "--out", out, "--rows", "cache,cp-ulysses-2",
+    code, stdout, err = run_cli("scaffold", folder, "--out", out, "--rows", "cache,cp-ulysses-2,tp-2",
                                 "--run-dir", tmp_path / "run")
     text = out.read_text()
     assert "patch_functor=BlockLoop({}, skips={'blocks': (['skip'], ['hidden_states'])})" in text, text
@@ -153,7 +170,11 @@ def test_skips_observed_on_a_deeper_model_follow_its_shorter_twin(run_cli, zoo_p
     rows = report_rows(tmp_path / "run")
     assert rows["cache"]["status"] in ("passed", "inconclusive"), rows["cache"]["reasons"]
     assert rows["cache"]["verdict"]["cache_off"]["max_abs"] == 0.0
-    assert rows["cp-ulysses-2"]["status"] == "passed", stdout + err
+    assert rows["cp-ulysses-2"]["status"] == "passed" and rows["tp-2"]["status"] == "passed", stdout + err
+    spans = {"blocks_like(transformer.blocks, {'skip_norm': None, 'skip_linear': None})":
+             "[transformer.blocks[i] for i in (0, 1, 2, 3, 4)]",
+             "blocks_like(transformer.blocks, {'skip_norm': 'FP32LayerNorm', 'skip_linear': 'Linear'})":
+             "[transformer.blocks[i] for i in (5, 6, 7)]"}
     fixed = '''
 
 def _observed_pairs(seen, arguments, pairs):  # the pairs observed on the 8-layer model, whatever the depth
@@ -164,8 +185,13 @@ BlockLoop._pairs = staticmethod(_observed_pairs)
 '''
     old = tmp_path / "fixed_pairs.py"
     at = text.index("\n\ndef block_adapter")
-    old.write_text(text[:at] + fixed + text[at:])
-    code, _, _ = run_cli("run", folder, "--rows", "cache", "--twin", "only", "--integration", old,
+    text = text[:at] + fixed + text[at:]
+    for like, indices in spans.items():
+        assert text.count(like) == 1, like
+        text = text.replace(like, indices)
+    old.write_text(text)
+    code, _, _ = run_cli("run", folder, "--rows", "cache,tp-2", "--twin", "only", "--integration", old,
                          "--out", tmp_path / "fixed", "-q")
-    row = report_rows(tmp_path / "fixed")["cache"]
-    assert code == 1 and row["status"] == "error" and "got NoneType" in row["reasons"][0], row["reasons"]
+    rows = report_rows(tmp_path / "fixed")
+    assert code == 1 and rows["cache"]["status"] == "error" and "got NoneType" in rows["cache"]["reasons"][0], rows
+    assert rows["tp-2"]["status"] == "error" and "index 4 is out of range" in rows["tp-2"]["reasons"][0], rows

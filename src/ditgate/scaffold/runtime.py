@@ -246,6 +246,15 @@ def cut_head_tables(attn, heads, tp_mesh, names):
         attn.processor = processor
 
 
+def blocks_like(blocks, sublayers):
+    """The blocks whose sub-layers named in `sublayers` are of those classes (None: absent)."""
+    def kind(block, name):
+        child = dict(block.named_children()).get(name)
+        return None if child is None else type(child).__name__
+
+    return [b for b in blocks if all(kind(b, n) == c for n, c in sublayers.items())]
+
+
 class SplitDictOutput:
     """A module whose output is a dict of per-token tables, each entry cut to this rank's share of the sequence
     under CP (the contiguous chunk Ulysses gives this rank), as a CP plan entry would cut a tensor output."""

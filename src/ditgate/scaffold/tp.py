@@ -95,3 +95,17 @@ def _kv_heads(widths: dict[str, tuple], p: str, heads: int) -> int | None:
     q, k, v = (widths[f"{p}.{n}"][1] for n in ("to_q", "to_k", "to_v"))
     size = q // heads if q and q % heads == 0 else None
     return k // size if size and k and k == v and k % size == 0 else None
+
+
+def _like(variants: list[dict[str, Any]], span_text: str) -> dict[str, str | None] | None:
+    """The sub-layers by which the blocks of `span_text` differ from the list's other blocks ({name: class, None:
+    absent}, from inspect's block variants), where no other group has the same: the plan then picks those blocks by
+    structure, not by index, so that a transformer of another depth (the model's twin) gets its own. None where the
+    groups differ in parameter shapes alone, or the span is no group."""
+    def parse(row):
+        pairs = [s.split(": ", 1) for s in row["sublayers"] if ": " in s]
+        return {n: None if c == "absent" else c for n, c in pairs} if len(pairs) == len(row["sublayers"]) else None
+
+    groups = [parse(r) for r in variants]
+    mine = next((g for r, g in zip(variants, groups) if r["blocks"] == span_text), None)
+    return mine if mine and groups.count(mine) == 1 else None

@@ -19,7 +19,7 @@ from ditgate.scaffold.halved import run_halved
 from ditgate.scaffold.joint import watch_pieces
 from ditgate.scaffold.loop import FUNCTOR, _functor
 from ditgate.scaffold.runtime import HELPERS
-from ditgate.scaffold.tp import _tp_layers
+from ditgate.scaffold.tp import _like, _tp_layers
 
 # the names an attention gives the size of one head, which TP never divides (Krea 2's `head_dim`, diffusers' `dim_head`)
 PER_HEAD_SIZE = re.compile(r"(attn_|attention_)?(head_dim|dim_head|head_size)")
@@ -299,7 +299,13 @@ def plugin_source(observed: Observed) -> str:
         attn = sorted({k.rsplit(".to_", 1)[0] for k in plan if k.endswith((".to_out.0", ".to_out"))})
         tp.append("    plan = {" + ", ".join(f'"{k}": {v}' for k, v in plan.items()) + "}")
         for b in listed:
-            tp += [f"    for block in {_blocks_expr(b.attribute, span_text.rstrip(']'), b.length)}:"]
+            like = span_text and _like(a.traits.block_variants.get(f"{transformer}.{b.attribute}", []),
+                                       span_text.rstrip("]"))
+            if like:
+                tp += [f"    # blocks {span_text.rstrip(']')} observed: picked by those sub-layers, so that a "
+                       "transformer of another depth (the twin) gets its own"]
+            tp += [f"    for block in blocks_like(transformer.{b.attribute}, {like!r}):" if like else
+                   f"    for block in {_blocks_expr(b.attribute, span_text.rstrip(']'), b.length)}:"]
             for p in attn:
                 group = observed.processors.get(f"{b.attribute}.*.{p}", {})
                 if group.get("head_tables"):
@@ -312,7 +318,8 @@ def plugin_source(observed: Observed) -> str:
             tp += ["        parallelize_module(block, tp_mesh, plan)"]
         tp.append("    plans.append(plan)")
     tp += ["    return plans", ""]
-    helpers = ([HELPERS.strip("\n"), "", ""] if code or any("cut_head_tables(" in line for line in tp) else []) \
+    helpers = ([HELPERS.strip("\n"), "", ""] if code or any(n in line for line in tp for n in (
+        "cut_head_tables(", "blocks_like(")) else []) \
         + ([FUNCTOR.strip("\n"), "", ""] if functor else [])
     return "\n".join(head + switches + ([""] if switches else []) + helpers + cache + cp + tp)
 
