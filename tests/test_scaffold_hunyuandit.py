@@ -23,7 +23,7 @@ def _blocks(**observed) -> BlockList:
 
 def test_a_skip_inside_the_loop_is_handed_on_and_other_loop_work_stays_not_handled():
     functor, notes = _functor([_blocks()])
-    assert functor == "BlockLoop({}, skips={'blocks': {'skip': {3: (0, 0)}}})"
+    assert functor == "BlockLoop({}, skips={'blocks': (['skip'], ['hidden_states'])})"
     assert "`skip`: block 3 <- block 0" in notes[0] and not any("NOT HANDLED" in n for n in notes)
     changed = _blocks(stream_changed_between=True, loop_findings=["hidden_states changes between block 0 and 1"])
     functor, notes = _functor([changed])  # work on the stream between blocks: still the model's own functor
@@ -36,7 +36,8 @@ def test_a_skip_inside_the_loop_is_handed_on_and_other_loop_work_stays_not_handl
 @pytest.mark.full
 def test_hunyuandit_skip_stack_is_handed_on_by_the_functor(run_cli, tmp_path):
     """zoo:pipe/hunyuandit (4 blocks; the loop pushes block 0's output and hands it to block 3 as `skip`): the
-    scaffold's BlockLoop keeps block 0's output per call and hands it to block 3 under cache-dit's cached block list:
+    scaffold's BlockLoop finds that pair each call, keeps block 0's output and hands it to block 3 under cache-dit's
+    cached block list:
     the cache row's adapter is proven (caching off equals the baseline, max-abs 0) and cp-ulysses-2 and tp-2 pass
     with the plugin as written. The adapter without the functor (the scaffold's plugin before) errors on the cache
     row: block 3 gets no skip (torch.cat of the stream and None)."""
@@ -44,7 +45,7 @@ def test_hunyuandit_skip_stack_is_handed_on_by_the_functor(run_cli, tmp_path):
     code, stdout, err = run_cli("scaffold", "zoo:pipe/hunyuandit", "--out", out, "--rows", "cache,cp-ulysses-2,tp-2",
                                 "--run-dir", tmp_path / "run")
     text = out.read_text()
-    assert "patch_functor=BlockLoop({}, skips={'blocks': {'skip': {3: (0, 0)}}})" in text, text
+    assert "patch_functor=BlockLoop({}, skips={'blocks': (['skip'], ['hidden_states'])})" in text, text
     assert "(observed, the same tensor: `skip`: block 3 <- block 0)" in text and "NOT HANDLED" not in text
     rows = report_rows(tmp_path / "run")
     assert rows["cache"]["status"] in ("passed", "inconclusive"), rows["cache"]["reasons"]
@@ -59,10 +60,12 @@ def test_hunyuandit_skip_stack_is_handed_on_by_the_functor(run_cli, tmp_path):
     assert code == 1 and row["status"] == "error" and "got NoneType" in row["reasons"][0], row["reasons"]
 
 
-def test_the_functor_hands_the_skip_on_and_refuses_what_it_cannot_hand():
-    """BlockLoop's source as the plugin carries it, on a four-block U (block 3 takes block 0's output as `skip`):
-    blocks called one by one with the stream alone (as cache-dit's cached list calls them) give the transformer's
-    own output; a call that skips block 0 raises naming both blocks; skips observed on a deeper list raise."""
+def test_the_functor_finds_the_skips_at_each_depth_and_refuses_what_it_cannot_hand():
+    """BlockLoop's source as the plugin carries it, on U-shaped stacks of 4 and 8 blocks whose loop pushes the first
+    blocks' outputs and pops them into the last ones (HunyuanDiT's loop: pairs 3<-0; 5<-2, 6<-1, 7<-0): one plugin
+    line for both. With a stand-in for cache-dit's cached list (one wrapper calling every block with the stream
+    alone) each gives the transformer's own output; a call that skips block 0 raises naming both blocks."""
+    import contextlib
     import functools
     import inspect
 
@@ -71,7 +74,8 @@ def test_the_functor_hands_the_skip_on_and_refuses_what_it_cannot_hand():
 
     from ditgate.scaffold.loop import FUNCTOR
 
-    space = {"functools": functools, "inspect": inspect, "cache_dit": cache_dit, "torch": torch}
+    space = {"contextlib": contextlib, "functools": functools, "inspect": inspect, "cache_dit": cache_dit,
+             "torch": torch}
     exec(FUNCTOR, space)  # noqa: S102 - the plugin's own code
 
     class Block(torch.nn.Module):
@@ -80,29 +84,88 @@ def test_the_functor_hands_the_skip_on_and_refuses_what_it_cannot_hand():
             self.linear = torch.nn.Linear(4, 4)
 
         def forward(self, hidden_states, skip=None):
-            return self.linear(hidden_states if skip is None else hidden_states + skip)
+            return self.linear(hidden_states if skip is None else hidden_states + 2 * skip)
+
+    class Cached(torch.nn.Module):  # holds the list's place during a call, calls the blocks with the stream alone
+        def __init__(self, blocks, run):
+            super().__init__()
+            self.inner, self.run = blocks, run
+
+        def forward(self, hidden_states, skip=None):
+            for i in self.run:
+                hidden_states = self.inner[i](hidden_states)
+            return hidden_states
 
     class U(torch.nn.Module):
-        def __init__(self, run=(0, 1, 2, 3)):
+        def __init__(self, depth):
             super().__init__()
             torch.manual_seed(0)
-            self.blocks, self.run = torch.nn.ModuleList(Block() for _ in range(4)), run
+            self.depth, self.blocks = depth, torch.nn.ModuleList(Block() for _ in range(depth))
 
-        def forward(self, x, own_loop=True):
-            first = None
-            for i in self.run:
-                x = self.blocks[i](x, skip=first if own_loop and i == 3 else None)
-                first = x if i == 0 else first
+        def forward(self, x):
+            skips = []
+            for i, block in enumerate(self.blocks):  # as HunyuanDiT2DModel.forward, from the configured depth
+                x = block(x, skip=skips.pop() if i > self.depth // 2 else None)
+                if i < self.depth // 2 - 1:
+                    skips.append(x)
             return x
 
     x = torch.randn(2, 4)
-    model = U()
-    with torch.no_grad():
-        expected = model(x)
-        space["BlockLoop"]({}, skips={"blocks": {"skip": {3: (0, 0)}}})._apply(model)
-        assert torch.equal(model(x, own_loop=False), expected) and torch.equal(model(x), expected)
-        model.run = (1, 2, 3)
-        with pytest.raises(RuntimeError, match="block 3 takes block 0's output as `skip`, and block 0 did not run"):
-            model(x, own_loop=False)
-    with pytest.raises(ValueError, match="observed on a list of more blocks"):
-        space["BlockLoop"]({}, skips={"blocks": {"skip": {5: (2, 0)}}})._apply(U())
+    line = {"blocks": (["skip"], ["hidden_states"])}  # what the scaffold writes, whatever the depth observed
+    for depth in (4, 8):
+        model = U(depth)
+        with torch.no_grad():
+            expected = model(x)
+            space["BlockLoop"]({}, skips=line)._apply(model)
+            assert torch.equal(model(x), expected), depth
+            own = model.blocks
+            model.blocks = torch.nn.ModuleList([Cached(own, range(depth))])
+            assert torch.equal(model(x), expected), depth
+            model.blocks = torch.nn.ModuleList([Cached(own, range(1, depth))])
+            with pytest.raises(RuntimeError, match="block 3 takes block 0's output as `skip`, and block 0 did not"
+                               if depth == 4 else "block 7 takes block 0's output as `skip`, and block 0 did not"):
+                model(x)
+
+
+@pytest.mark.full
+def test_skips_observed_on_a_deeper_model_follow_its_shorter_twin(run_cli, zoo_path, tmp_path):
+    """An 8-layer Hunyuan-DiT (its loop hands block 5 block 2's output, 6 block 1's, 7 block 0's; a 40-layer release
+    hands 21 <- 18 ... 39 <- 0) is scaffolded and its rows run on its float32 twin of 4 blocks (there: 3 <- 0). The
+    plugin names no pair: BlockLoop finds them on the transformer it runs on, so the twin's cache row is proven
+    (caching off, max-abs 0) and cp-ulysses-2 passes. The same plugin with the pairs fixed as observed on the model
+    (the scaffold's plugin before) errors on the twin's cache row: block 3 gets no skip."""
+    import shutil
+
+    import torch
+    from diffusers import HunyuanDiT2DModel
+
+    folder = tmp_path / "hunyuandit-8"
+    shutil.copytree(zoo_path("pipe/hunyuandit"), folder)
+    config = HunyuanDiT2DModel.load_config(folder / "transformer")
+    torch.manual_seed(0)
+    HunyuanDiT2DModel.from_config({**config, "num_layers": 8}).save_pretrained(folder / "transformer")
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", folder, "--out", out, "--rows", "cache,cp-ulysses-2",
+                                "--run-dir", tmp_path / "run")
+    text = out.read_text()
+    assert "patch_functor=BlockLoop({}, skips={'blocks': (['skip'], ['hidden_states'])})" in text, text
+    assert "`skip`: block 5 <- block 2, block 6 <- block 1, block 7 <- block 0)" in text
+    rows = report_rows(tmp_path / "run")
+    assert rows["cache"]["status"] in ("passed", "inconclusive"), rows["cache"]["reasons"]
+    assert rows["cache"]["verdict"]["cache_off"]["max_abs"] == 0.0
+    assert rows["cp-ulysses-2"]["status"] == "passed", stdout + err
+    fixed = '''
+
+def _observed_pairs(seen, arguments, pairs):  # the pairs observed on the 8-layer model, whatever the depth
+    pairs.update({5: {"skip": (2, 0)}, 6: {"skip": (1, 0)}, 7: {"skip": (0, 0)}})
+
+
+BlockLoop._pairs = staticmethod(_observed_pairs)
+'''
+    old = tmp_path / "fixed_pairs.py"
+    at = text.index("\n\ndef block_adapter")
+    old.write_text(text[:at] + fixed + text[at:])
+    code, _, _ = run_cli("run", folder, "--rows", "cache", "--twin", "only", "--integration", old,
+                         "--out", tmp_path / "fixed", "-q")
+    row = report_rows(tmp_path / "fixed")["cache"]
+    assert code == 1 and row["status"] == "error" and "got NoneType" in row["reasons"][0], row["reasons"]

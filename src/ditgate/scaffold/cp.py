@@ -12,7 +12,7 @@ from ditgate.scaffold.attend import _attention_code
 from ditgate.scaffold.grid import grid_lists
 from ditgate.scaffold.halved import _seq_dim, note, reached
 from ditgate.scaffold.joint import joint_tables, text_pieces
-from ditgate.scaffold.packed import _packed_cp
+from ditgate.scaffold.packed import _packed_cp, add_table, every_block_entries
 
 Observed = Any  # ditgate.scaffold.write.Observed (imported by that module, so named here without importing it)
 SPLIT = "_ContextParallelInput(split_dim={dim}, expected_dims={ndim}, split_output={out})"
@@ -165,22 +165,12 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
                              f"on dim {t['dim']}, made by `{t['made_by']}`: its output is split there")
             elif not t.get("made_by") and t["shape"][t["dim"]] in lengths \
                     and t["list"] == f"{transformer}.{first.attribute}":
-                name, _, index = t["argument"].partition("[")  # a tuple (RoPE cos, sin): one split per element
-                split_t = SPLIT.format(dim=t["dim"], ndim=len(t["shape"]), out=False)
-                every.setdefault(name, {})[int(index.rstrip("]")) if index.rstrip("]").isdigit() else None] = split_t
+                add_table(every, t["argument"], SPLIT.format(dim=t["dim"], ndim=len(t["shape"]), out=False))
                 notes.append(f"`{t['argument']}` {t['shape']} is built in forward (no module makes it) and handed to "
                              f"every block of `{t['list']}` with the sequence on dim {t['dim']}: split at every "
                              f"block (`{first.attribute}.*`); left whole, the blocks would pair each rank's tokens "
                              "with the first rows of the table (cp-ulysses-2 tells them apart)")
-        every_entries = []
-        for name, parts in every.items():
-            if list(parts) == [None]:
-                every_entries.append(f'"{name}": {parts[None]}')
-            elif sorted(parts) == list(range(len(parts))):
-                every_entries.append(f'"{name}": [' + ", ".join(parts[i] for i in range(len(parts))) + "]")
-            else:
-                notes.append(f"NOT HANDLED: `{name}` reaches the blocks with sequence tables at elements "
-                             f"{sorted(str(i) for i in parts)} only: split it at `{first.attribute}.*` by hand")
+        every_entries = every_block_entries(every, notes, f"{first.attribute}.*")
         if every_entries:
             entries.append(f'"{first.attribute}.*": {{' + ", ".join(every_entries) + "}")
         for module, parts in made.items():

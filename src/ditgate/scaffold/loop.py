@@ -1,8 +1,8 @@
 """The block-loop PatchFunctor of a scaffolded plugin: `FUNCTOR`, the source of `BlockLoop` pasted into the plugin
-as it is, and its arguments (`_functor`, `_outside`) from what the loop was seen doing around its block calls:
-per-block arguments, a block's sub-module read outside the loop, skips inside the loop (a block handed an
-earlier block's output), and a stream the loop cuts or joins between block calls (`between`). What it does not cover
-is named NOT HANDLED."""
+as it is, and its arguments (`_functor`; `outside` from write.py's `_outside`) from what the loop was seen doing
+around its block calls: per-block arguments, a block's sub-module read outside the loop, skips inside the loop (a
+block handed an earlier block's output), and a stream the loop cuts or joins between block calls (`between`). What
+it does not cover is named NOT HANDLED."""
 
 from __future__ import annotations
 
@@ -17,13 +17,16 @@ def _signature(block):
 
 
 class _Recorder(torch.nn.Module):
-    """Stands in for one block while the forward runs to record what the loop hands each block: keeps the
-    arguments it is given and returns its stream inputs unchanged, in the order the block returns them (under a
-    `_Trace`: as values of their own, block `place`'s outputs, whose later uses the trace follows)."""
+    """Stands in for one block while the forward runs to record what the loop hands each block: keeps the arguments
+    it is given and returns its stream inputs unchanged, in the order the block returns them (under a `_Trace` or
+    with `seen`: as values of their own, block `place`'s outputs, whose later uses the trace follows or `seen` keeps
+    with the arguments); raises `_Done` once `stop()` holds (the rest of the forward, under CP, would gather a
+    sequence the stand-ins never split)."""
 
-    def __init__(self, signature, kept, returns, trace=None, place=None):
+    def __init__(self, signature, kept, returns, trace=None, place=None, seen=None, stop=None):
         super().__init__()
-        self.signature, self.kept, self.returns, self.trace, self.place = signature, kept, returns, trace, place
+        self.signature, self.kept, self.returns, self.trace, self.place, self.seen, self.stop = \
+            signature, kept, returns, trace, place, seen, stop
 
     def forward(self, *args, **kwargs):
         bound = self.signature.bind(*args, **kwargs).arguments
@@ -37,7 +40,17 @@ class _Recorder(torch.nn.Module):
             self.trace.paused = False
             for position, x in enumerate(out):
                 self.trace.mark(x, self.place, ("out", position, None))
+        elif self.seen is not None:
+            out = tuple(x.view_as(x) for x in out)
+        if self.seen is not None:
+            self.seen[self.place[1]] = (bound, out)
+        if self.stop is not None and self.stop():
+            raise _Done
         return out if len(out) > 1 else out[0]
+
+
+class _Done(Exception):  # noqa: N818 - the stand-in pass has what it needs
+    """The stand-in pass has what it needs."""
 
 
 class _Ref:
@@ -104,9 +117,10 @@ class BlockLoop(cache_dit.PatchFunctor):
     from block to block, not to follow the stream); the cache row's caching-off check tells.
     `outside` {list: [(index, attribute)]}: the forward reads a block's sub-module outside the loop (DiT's
     `transformer_blocks[0].norm1.emb`); during a call the wrapper in that place is given the block's sub-module.
-    `skips` {list: {argument: {block: (earlier block, output position)}}}: the loop hands a block an earlier block's
-    output (a skip stack inside the loop, HunyuanDiT's U-shaped blocks); each call keeps the outputs of those earlier
-    blocks as they run and hands each later block its own, whoever calls the blocks.
+    `skips` {list: (arguments, the stream inputs the block returns, in order)}: the loop hands a block an earlier
+    block's output in those arguments (HunyuanDiT's U-shaped skip stack); each call runs the loop with stand-in blocks
+    to find which block takes which earlier output on this transformer, whatever its depth, then keeps those outputs
+    as the blocks run and hands each later block its own, whoever calls the blocks.
     `between` {list: the stream inputs the block returns, in order}: the loop changes the stream between block calls
     (cuts, joins, projects it); while cache-dit's cached list stands for the blocks, each call first runs the forward
     with stand-in blocks under a `_Trace`, which records what the loop does to each block's outputs before the next
@@ -130,7 +144,7 @@ class BlockLoop(cache_dit.PatchFunctor):
         recorded = {name: [] for name in self.lists}
         originals = {name: getattr(transformer, name) for name in {*self.lists, *self.outside, *self.skips,
                                                                       *self.between}}
-        returns = {**{name: r for name, (_, r) in self.lists.items()}, **self.between}
+        returns = {**{name: r for name, (_, r) in {**self.skips, **self.lists}.items()}, **self.between}
         traces = dict.fromkeys(self.between)  # this call's trace of each list a cached list stands for, else None
         finals = {}  # this call's outputs of each such list (what the loop got from the cached list)
         for name, outputs in self.between.items():
@@ -141,17 +155,11 @@ class BlockLoop(cache_dit.PatchFunctor):
             for index, block in enumerate(originals[name]):
                 block.forward = self._own(block, recorded[name], index, arguments)
         kept = {name: {} for name in self.skips}  # this call's outputs of the blocks a later block takes
-        for name, arguments in self.skips.items():
-            sources = {earlier for receivers in arguments.values() for earlier, _ in receivers.values()}
-            last = max(j for receivers in arguments.values() for j in receivers)
-            if last >= len(originals[name]):  # observed on a deeper model: its pairs do not fit these blocks
-                raise ValueError(f"BlockLoop's skips of `{name}` were observed on a list of more blocks (block "
-                                 f"{last}); this transformer has {len(originals[name])} (a twin cut shorter?): "
-                                 "run it on the model it was observed on")
+        pairs = {name: {} for name in self.skips}  # this call's {block: {argument: (earlier block, position)}}
+        seen = {name: {} for name in self.skips}  # the stand-in pass: {block: (its arguments, its outputs)}
+        for name in self.skips:
             for index, block in enumerate(originals[name]):
-                takes = {a: receivers[index] for a, receivers in arguments.items() if index in receivers}
-                if takes or index in sources:
-                    block.forward = self._skip(block, kept[name], index, takes, index in sources)
+                block.forward = self._skip(block, kept[name], index, pairs[name])
         for name, streams in self.calls.items():  # outermost: the cached list's call, by name, for the others
             for block in getattr(transformer, name):
                 block.forward = self._by_name(block.forward, streams)
@@ -159,7 +167,7 @@ class BlockLoop(cache_dit.PatchFunctor):
 
         @functools.wraps(forward)
         def patched(*args, **kwargs):
-            for outputs in kept.values():
+            for outputs in (*kept.values(), *pairs.values(), *seen.values()):
                 outputs.clear()
             for name, reads in self.outside.items():
                 current = getattr(transformer, name)
@@ -167,25 +175,32 @@ class BlockLoop(cache_dit.PatchFunctor):
                     if current is not originals[name] and index < len(current):
                         object.__setattr__(current[index], attribute, getattr(originals[name][index], attribute))
             replaced = [name for name in self.between if getattr(transformer, name) is not originals[name]]
-            stand = [*self.lists, *(name for name in replaced if name not in self.lists)]
+            stand = [*self.lists, *(name for name in [*replaced, *self.skips] if name not in self.lists)]
             traces.update(dict.fromkeys(traces))
             if not stand:
                 return forward(*args, **kwargs)
             saved = {name: getattr(transformer, name) for name in stand}
             trace = _Trace() if replaced else contextlib.nullcontext()
+            ends = {n: len(originals[n]) - 1 for n in self.skips}  # only skips need the pass: it ends at their ends
+            stop = None if self.lists or replaced else lambda: all(ends[n] in seen[n] for n in ends)
             for name in stand:
                 recorded.setdefault(name, []).clear()
                 signature = _signature(originals[name][0])
                 follow = trace if name in replaced else None
                 setattr(transformer, name, torch.nn.ModuleList(
-                    _Recorder(signature, recorded[name], returns[name], follow, (name, i))
+                    _Recorder(signature, recorded[name], returns[name], follow, (name, i), seen.get(name), stop)
                     for i in range(len(originals[name]))))
             try:
                 with trace:
                     forward(*args, **kwargs)
+            except _Done:
+                pass
             finally:
                 for name, blocks in saved.items():
                     setattr(transformer, name, blocks)
+            for name, (arguments, _) in self.skips.items():
+                self._pairs(seen[name], arguments, pairs[name])
+                seen[name].clear()
             traces.update({name: trace for name in replaced})
             finals.clear()
             handles = [wrapper.register_forward_hook(functools.partial(self._final, finals, name))
@@ -255,11 +270,23 @@ class BlockLoop(cache_dit.PatchFunctor):
         return between
 
     @staticmethod
-    def _skip(block, kept, index, takes, source):
+    def _pairs(seen, arguments, pairs):
+        """Which earlier block's output (at which position) each block got in `arguments` in the stand-in pass."""
+        made = {id(x): (i, p) for i, (_, outs) in seen.items() for p, x in enumerate(outs)}
+        for index, (bound, _) in seen.items():
+            takes = {a: made[id(bound[a])] for a in arguments
+                     if torch.is_tensor(bound.get(a)) and made.get(id(bound[a]), (index,))[0] < index}
+            if takes:
+                pairs[index] = takes
+
+    @staticmethod
+    def _skip(block, kept, index, pairs):
         signature, forward = _signature(block), block.forward
 
         @functools.wraps(forward)
         def skip(*args, **kwargs):
+            takes = pairs.get(index, {})
+            source = any(earlier == index for found in pairs.values() for earlier, _ in found.values())
             bound = signature.bind(*args, **kwargs)
             for argument, (earlier, position) in takes.items():
                 if earlier not in kept:
@@ -276,39 +303,19 @@ class BlockLoop(cache_dit.PatchFunctor):
 '''
 
 
-def _outside(outside_calls: list[str], transformer: str, lists: list) -> tuple[dict[str, list], list[str]]:
-    """Block sub-modules the forward runs outside the loop (`transformer_blocks.0.norm1.emb`, observed called while
-    its block was not running): {list: [(index, attribute)]} for block 0 (the one place the cached list keeps)."""
-    reads, notes = {}, []
-    names = {b.attribute for b in lists}
-    for call in outside_calls:
-        parts = call.split(" ", 1)[0].split(".")
-        if len(parts) < 4 or parts[0] != transformer or parts[1] not in names or not parts[2].isdigit():
-            continue
-        found = (int(parts[2]), parts[3])
-        if found in reads.get(parts[1], []):
-            continue
-        if found[0]:
-            notes.append(f"NOT HANDLED: the forward reads `{'.'.join(parts[1:4])}` outside the loop; the cached list "
-                         "holds one wrapper in place of the blocks, so that block is not there during a call")
-            continue
-        reads.setdefault(parts[1], []).append(found)
-        notes.append(f"the forward reads `{'.'.join(parts[1:4])}` outside the loop (observed: `{'.'.join(parts[1:])}` "
-                     f"ran while block {found[0]} was not running); during a call the cached list holds one wrapper "
-                     "there: BlockLoop hands the wrapper that sub-module (without it the cache row errors)")
-    return reads, notes
-
-
-def _skips(b) -> tuple[dict[str, dict[int, tuple[int, int]]], str]:
-    """`BlockLoop`'s `skips` entry of list `b` (argument -> {block: (earlier block, output position)}) and its note."""
-    skips = {a: {int(j): tuple(src) for j, src in receivers.items()} for a, receivers in b.skip_sources.items()}
+def _skips(b) -> tuple[tuple[list[str], list[str]] | None, str]:
+    """`BlockLoop`'s `skips` entry of list `b` (the arguments that carry an earlier block's output, the stream inputs
+    the block returns) and its note; None where what the block returns does not map onto its inputs."""
     pairs = "; ".join(f"`{a}`: " + ", ".join(f"block {j} <- block {src[0]}" for j, src in sorted(r.items()))
-                      for a, r in skips.items())
-    return skips, (f"`{b.attribute}`: the loop hands later blocks an earlier block's output (observed, the same "
-                   f"tensor: {pairs}), a skip stack inside the loop; cache-dit's cached block list calls every block "
-                   "with the first one's arguments, so BlockLoop keeps each call's outputs of those earlier blocks "
-                   "and hands each later block its own (without it the cache row errors or departs: the later "
-                   "blocks get no skip)")
+                      for a, r in b.skip_sources.items())
+    seen = f"the loop hands later blocks an earlier block's output (observed, the same tensor: {pairs})"
+    if None in _returns(b):
+        return None, f"NOT HANDLED: `{b.attribute}`: {seen}, and its outputs ({b.outputs}) do not map onto its inputs"
+    return (sorted(b.skip_sources), _returns(b)), (
+        f"`{b.attribute}`: {seen}, a skip stack inside the loop; cache-dit's cached block list calls every block with "
+        "the first one's arguments, so BlockLoop finds each call which block takes which earlier block's output (a "
+        "stand-in pass: the pairs follow the depth of the transformer it runs on), keeps those outputs as they run "
+        "and hands each later block its own (without it the cache row errors or departs: the later blocks get no skip)")
 
 
 def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str | None, list[str]]:
@@ -339,7 +346,8 @@ def _functor(lists: list, outside: dict[str, list] | None = None) -> tuple[str |
                          "moves that work into the blocks (cache-dit's HunyuanDiT and ControlNet functors do)")
             continue
         if b.skip_sources:
-            skips[b.attribute], note = _skips(b)
+            entry, note = _skips(b)
+            skips.update({b.attribute: entry} if entry else {})
             notes.append(note)
         if not b.per_block_arguments:
             left = [f for f in b.loop_findings if SKIP_FINDING not in f]

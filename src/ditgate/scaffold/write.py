@@ -17,7 +17,7 @@ from ditgate.core.errors import DitgateError
 from ditgate.scaffold.cp import _blocks_expr, _cp
 from ditgate.scaffold.halved import run_halved
 from ditgate.scaffold.joint import watch_pieces
-from ditgate.scaffold.loop import FUNCTOR, _functor, _outside
+from ditgate.scaffold.loop import FUNCTOR, _functor
 from ditgate.scaffold.runtime import HELPERS
 from ditgate.scaffold.tp import _tp_layers
 
@@ -315,3 +315,26 @@ def plugin_source(observed: Observed) -> str:
     helpers = ([HELPERS.strip("\n"), "", ""] if code or any("cut_head_tables(" in line for line in tp) else []) \
         + ([FUNCTOR.strip("\n"), "", ""] if functor else [])
     return "\n".join(head + switches + ([""] if switches else []) + helpers + cache + cp + tp)
+
+
+def _outside(outside_calls: list[str], transformer: str, lists: list) -> tuple[dict[str, list], list[str]]:
+    """Block sub-modules the forward runs outside the loop (`transformer_blocks.0.norm1.emb`, observed called while
+    its block was not running): {list: [(index, attribute)]} for block 0 (the one place the cached list keeps)."""
+    reads, notes = {}, []
+    names = {b.attribute for b in lists}
+    for call in outside_calls:
+        parts = call.split(" ", 1)[0].split(".")
+        if len(parts) < 4 or parts[0] != transformer or parts[1] not in names or not parts[2].isdigit():
+            continue
+        found = (int(parts[2]), parts[3])
+        if found in reads.get(parts[1], []):
+            continue
+        if found[0]:
+            notes.append(f"NOT HANDLED: the forward reads `{'.'.join(parts[1:4])}` outside the loop; the cached list "
+                         "holds one wrapper in place of the blocks, so that block is not there during a call")
+            continue
+        reads.setdefault(parts[1], []).append(found)
+        notes.append(f"the forward reads `{'.'.join(parts[1:4])}` outside the loop (observed: `{'.'.join(parts[1:])}` "
+                     f"ran while block {found[0]} was not running); during a call the cached list holds one wrapper "
+                     "there: BlockLoop hands the wrapper that sub-module (without it the cache row errors)")
+    return reads, notes
