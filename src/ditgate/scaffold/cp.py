@@ -165,14 +165,9 @@ def _cp(observed: Observed, transformer: str, first) -> tuple[list[str], list[st
                              f"on dim {t['dim']}, made by `{t['made_by']}`: its output is split there")
             elif not t.get("made_by") and t["shape"][t["dim"]] in lengths \
                     and t["list"] == f"{transformer}.{first.attribute}":
-                add_table(every, t["argument"], SPLIT.format(dim=t["dim"], ndim=len(t["shape"]), out=False))
-                notes.append(f"`{t['argument']}` {t['shape']} is built in forward (no module makes it) and handed to "
-                             f"every block of `{t['list']}` with the sequence on dim {t['dim']}: split at every "
-                             f"block (`{first.attribute}.*`); left whole, the blocks would pair each rank's tokens "
-                             "with the first rows of the table (cp-ulysses-2 tells them apart)")
-        every_entries = every_block_entries(every, notes, f"{first.attribute}.*")
-        if every_entries:
-            entries.append(f'"{first.attribute}.*": {{' + ", ".join(every_entries) + "}")
+                add_table(every, t, SPLIT.format(dim=t["dim"], ndim=len(t["shape"]), out=False), notes,
+                          f"{first.attribute}.*")
+        every_block_entries(every, entries, notes, f"{first.attribute}.*")
         for module, parts in made.items():
             entries.append(f'"{module}": {{' + ", ".join(p if ":" in p else f"0: {p}" for p in parts) + "}")
         for module, dims in keyed.items():

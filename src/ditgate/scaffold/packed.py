@@ -33,13 +33,8 @@ def _packed_cp(observed: Any, transformer: str, first) -> tuple[list[str], list[
         if t.get("made_by"):
             notes.append(f"NOT HANDLED: `{t['argument']}` {t['shape']} is made by `{t['made_by']}`: split it by hand")
             continue
-        add_table(every, t["argument"], SPLIT.format(ndim=len(t["shape"])))
-        notes.append(f"`{t['argument']}` {t['shape']} is built in forward and handed to every block with a stream's "
-                     f"tokens on dim 0: split at every block (`{first.attribute}.*`); left whole, each rank's tokens "
-                     "would meet the first rows of the table (cp-ulysses-2 tells them apart)")
-    parts = every_block_entries(every, notes, f"{first.attribute}.*")
-    if parts:
-        entries.append(f'"{first.attribute}.*": {{' + ", ".join(parts) + "}")
+        add_table(every, t, SPLIT.format(ndim=len(t["shape"])), notes, f"{first.attribute}.*")
+    every_block_entries(every, entries, notes, f"{first.attribute}.*")
     for name, tokens in streams.items():
         out = next((m for m in s.gather_candidates if _tokens(observed, m) == tokens), None)
         if out is None:
@@ -80,25 +75,30 @@ def _tokens(observed: Any, module: str) -> int | None:
     return inputs[0][0] if inputs and len(inputs[0]) == 2 else None
 
 
-def add_table(every: dict[str, dict[Any, str]], argument: str, split: str) -> None:
-    """Record the split of a per-token table a block takes: `argument` is its name, or `name[i]` for element i of a
-    tuple (RoPE's cos and sin)."""
-    name, _, index = argument.partition("[")
+def add_table(every: dict[str, dict[Any, str]], t: dict[str, Any], split: str, notes: list[str], where: str) -> None:
+    """Record the split at every block (`where`) of `t`, a per-token table built in forward that the blocks take: its
+    argument is a name, or `name[i]` for element i of a tuple (RoPE's cos and sin)."""
+    name, _, index = t["argument"].partition("[")
     index = index.rstrip("]")
     every.setdefault(name, {})[int(index) if index.isdigit() else None] = split
+    notes.append(f"`{t['argument']}` {t['shape']} is built in forward (no module makes it) and handed to every block "
+                 f"of `{t['list']}` with the sequence on dim {t['dim']}: split at every block (`{where}`); left whole, "
+                 "the blocks would pair each rank's tokens with the first rows of the table (cp-ulysses-2 tells them "
+                 "apart)")
 
 
-def every_block_entries(every: dict[str, dict[Any, str]], notes: list[str], where: str) -> list[str]:
-    """The plan entries at every block for the tables `add_table` recorded: a whole argument, or a tuple every element
-    of which is split; an argument split at some elements only is named NOT HANDLED."""
-    entries = []
+def every_block_entries(every: dict[str, dict[Any, str]], entries: list[str], notes: list[str], where: str) -> None:
+    """The plan entry at every block (`where`) for the tables `add_table` recorded: a whole argument, or a tuple every
+    element of which is split; an argument split at some elements only is named NOT HANDLED."""
+    parts = []
     for name, split in every.items():
         keys = list(split)
         if keys == [None]:
-            entries.append(f'"{name}": {split[None]}')
+            parts.append(f'"{name}": {split[None]}')
         elif None not in keys and sorted(keys) == list(range(len(keys))):
-            entries.append(f'"{name}": [' + ", ".join(split[i] for i in range(len(keys))) + "]")
+            parts.append(f'"{name}": [' + ", ".join(split[i] for i in range(len(keys))) + "]")
         else:
             notes.append(f"NOT HANDLED: `{name}` reaches the blocks with per-token tables at elements "
                          f"{sorted(str(i) for i in keys)} only: split it at `{where}` by hand")
-    return entries
+    if parts:
+        entries.append(f'"{where}": {{' + ", ".join(parts) + "}")
