@@ -381,23 +381,6 @@ def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_o
 
 
 @pytest.mark.full
-def test_hidream_lists_no_pattern_fits_are_left_out_and_loop_work_is_named(run_cli, tmp_path):
-    """HiDream-I1 (zoo:pipe/hidream): `caption_projection` is a ModuleList of text projections no ForwardPattern fits;
-    it is left out of the adapter (was: the whole scaffold refused); the double blocks' call form and the work the
-    single-block loop does between blocks are named NOT HANDLED, and the cache row does not pass."""
-    out = tmp_path / "hidream.py"
-    code, stdout, err = run_cli("scaffold", "zoo:pipe/hidream", "--out", out, "--rows", "cache", "--run-dir",
-                                tmp_path / "run")
-    text = out.read_text()
-    assert "NOT HANDLED: `transformer.caption_projection` (4 x TextProjection) left out of the adapter" in text
-    assert "NOT HANDLED: `double_stream_blocks` needs a PatchFunctor the scaffold does not write" in text
-    assert "NOT HANDLED: `single_stream_blocks`: hidden_states changes between block 0 and block 1" in text
-    assert "caption_projection]" not in text.split("def block_adapter")[1].split("def cp_plan")[0]
-    row = report_rows(tmp_path / "run")["cache"]
-    assert code == 1 and row["status"] != "passed"
-
-
-@pytest.mark.full
 def test_a_second_transformer_of_another_class_is_adapted_and_its_plans_refuse_it(tmp_path):
     """What the scaffold writes when the pipeline's second transformer is of another class than the first (Wan 2.2's
     observation with transformer_2's class renamed): both are adapted for cache (each list has its observed

@@ -192,7 +192,8 @@ def test_hidream_passes_cache_cp_and_tp_and_each_old_choice_fails_its_row(run_cl
     made, and the RoPE table over image then text is cut to each rank's image and text rows (`cut_joint_table`).
     The old choices fail: without `calls` the cache row errors (multiple values for `hidden_states_masks`), without
     `between` it departs with caching off; the table left whole, or the text split at the first block instead of
-    where its pieces are made, fails cp-ulysses-2."""
+    where its pieces are made, fails cp-ulysses-2. `caption_projection` (4 text projections that do not chain, once
+    named NOT HANDLED with the scaffold refusing the model) stays out of the adapter."""
     out = tmp_path / "hidream.py"
     run_cli("scaffold", "zoo:pipe/hidream", "--out", out, "--rows", "cache,cp-ulysses-2,tp-2", "--run-dir",
             tmp_path / "run")
@@ -203,6 +204,8 @@ def test_hidream_passes_cache_cp_and_tp_and_each_old_choice_fails_its_row(run_cl
     pieces = '"caption_projection.*": {0: _ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)},'
     cuts = [line for line in text.splitlines() if line.startswith("    cut_joint_table(transformer, ")]
     assert f"patch_functor=BlockLoop({{}}, {between}, {calls}))" in text and pieces in text and len(cuts) == 2, text
+    adapter = text.split("def block_adapter")[1].split("def cp_plan")[0]
+    assert "caption_projection]" not in adapter, adapter  # blocks that do not chain: no block list of the adapter
     rows = report_rows(tmp_path / "run")
     assert rows["cache"]["status"] == "passed" and rows["cache"]["verdict"]["cache_off"]["max_abs"] == 0.0, rows
     assert rows["cp-ulysses-2"]["status"] == "passed" and rows["tp-2"]["status"] == "passed", rows
