@@ -203,7 +203,8 @@ def audit_loop(block: BlockList, record, h_param: str | None) -> None:
         block.patch_functor_needed = True
 
 
-def analyse_block_list(transformer_name: str, attribute: str, blocks, record) -> BlockList:
+def analyse_block_list(transformer_name: str, attribute: str, blocks, record,
+                       interleaved: bool = False) -> BlockList:
     block0 = blocks[0]
     params = _signature(block0.forward)
     returns = inspect.signature(block0.forward).return_annotation
@@ -233,7 +234,9 @@ def analyse_block_list(transformer_name: str, attribute: str, blocks, record) ->
                                 "check_forward_pattern must be False")
         info.check_forward_pattern = False
     audit_loop(info, record, positional[0] if positional else None)
-    if record.transitions and not any(t.flows or t.carried for t in record.transitions):
+    # a list whose blocks never get the previous block's output is no loop, unless another list's blocks run between
+    # its blocks (interleaved lists: a factorized DiT's spatial block i+1 gets temporal block i's output, rearranged)
+    if record.transitions and not interleaved and not any(t.flows or t.carried for t in record.transitions):
         info.chained, info.pattern, info.patch_functor_needed, info.loop_findings = False, None, False, []
         info.pattern_reason = ("its blocks do not chain: no block was handed the previous block's output or a part "
                                "of it (observed at every block), each runs on an input of its own: no loop a cached "
@@ -267,17 +270,25 @@ def between_lists(transformer_name: str, record) -> list[str]:
     return findings
 
 
+def _inside(record, name: str) -> list[str]:
+    """The events (calls) of the transformer from the first to the last block of list `name`."""
+    positions = [i for i, e in enumerate(record.events) if e.startswith(name + ".")]
+    return record.events[positions[0]:positions[-1] + 1] if positions else []
+
+
 def calls_inside_loop(record, name: str) -> list[str]:
     """Direct children of the transformer called between the first and the last block of list `name`."""
-    positions = [i for i, e in enumerate(record.events) if e.startswith(name + ".")]
-    if not positions:
-        return []
-    inside = record.events[positions[0]:positions[-1] + 1]
-    return sorted({e for e in inside if e.rsplit(".", 1)[0] not in record.lists})
+    return sorted({e for e in _inside(record, name) if e.rsplit(".", 1)[0] not in record.lists})
+
+
+def _interleaved(record, name: str) -> bool:
+    """Blocks of another list run between the first and the last block of list `name`."""
+    return any(e.rsplit(".", 1)[0] in record.lists and not e.startswith(name + ".") for e in _inside(record, name))
 
 
 def _analyse_lists(name: str, transformer, record) -> tuple[list[BlockList], list[str]]:
-    lists = [analyse_block_list(name, attribute, blocks, record.lists.get(attribute) if record else None)
+    lists = [analyse_block_list(name, attribute, blocks, record.lists.get(attribute) if record else None,
+                                interleaved=bool(record) and _interleaved(record, attribute))
              for attribute, blocks in block_lists(transformer).items()]
     if record is None:
         return lists, []
