@@ -12,6 +12,28 @@ def report_rows(run_dir) -> dict:
     return {r["name"]: r for r in json.loads((run_dir / "report.json").read_text())["rows"]}
 
 
+def scaffold_passing(run_cli, tmp_path, model: str, rows: str) -> str:
+    """`ditgate scaffold MODEL --rows ROWS` into tmp_path: asserts it ends with 0 and every row passed; the plugin."""
+    out = tmp_path / "plugin.py"
+    code, stdout, err = run_cli("scaffold", model, "--out", out, "--rows", rows, "--run-dir", tmp_path / "run")
+    assert code == 0, err + stdout
+    got = report_rows(tmp_path / "run")
+    assert all(got[row]["status"] == "passed" for row in rows.split(",")), got
+    return out.read_text()
+
+
+def cache_row_without_functor(run_cli, tmp_path, model: str, text: str) -> tuple[int, dict, str]:
+    """The scaffolded plugin `text` with its patch functor cut out, its cache row run on MODEL itself: (exit code,
+    the cache row, the plugin run)."""
+    bare = tmp_path / "no_functor.py"
+    bare.write_text(text.replace(text[text.index(",\n                                  patch_functor="):
+                                      text.index("\n\n\ndef cp_plan")], ")"))
+    code, stdout, _ = run_cli("run", model, "--rows", "cache", "--twin", "off", "--integration", bare,
+                              "--out", tmp_path / "bare", "--json")
+    (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
+    return code, row, bare.read_text()
+
+
 def _load(path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -369,13 +391,8 @@ def test_chroma_per_block_arguments_get_a_patch_functor_and_without_it_caching_o
             "'hidden_states']), \"single_transformer_blocks\": (['temb'], ['hidden_states'])})") in text
     row = report_rows(tmp_path / "run")["cache"]
     assert row["status"] == "passed" and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["verdict"]
-    bare = tmp_path / "chroma_no_functor.py"
-    functor = text[text.index(",\n                                  patch_functor="):text.index("\n\n\ndef cp_plan")]
-    bare.write_text(text.replace(functor, ")"))
-    assert "patch_functor=" not in bare.read_text()
-    code, stdout, _ = run_cli("run", "zoo:pipe/chroma", "--rows", "cache", "--twin", "off", "--integration", bare,
-                              "--out", tmp_path / "bare", "--json")
-    (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
+    code, row, bare = cache_row_without_functor(run_cli, tmp_path, "zoo:pipe/chroma", text)
+    assert "patch_functor=" not in bare
     assert code == 1 and row["status"] == "failed" and not row["verdict"]["cache_off"]["passed"], row["verdict"]
     assert any(r.startswith("caching off, the adapter's latents differ") for r in row["reasons"]), row["reasons"]
 
@@ -417,12 +434,7 @@ def test_dit_block_read_outside_the_loop_gets_it_from_the_functor(run_cli, tmp_p
     assert "(observed: `transformer_blocks.0.norm1.emb` ran while block 0 was not running)" in text
     row = report_rows(tmp_path / "run")["cache"]
     assert row["status"] in ("passed", "inconclusive") and row["verdict"]["cache_off"]["max_abs"] == 0.0, row["status"]
-    bare = tmp_path / "dit_no_functor.py"
-    bare.write_text(text.replace(text[text.index(",\n                                  patch_functor="):
-                                      text.index("\n\n\ndef cp_plan")], ")"))
-    code, stdout, _ = run_cli("run", "zoo:pipe/dit", "--rows", "cache", "--twin", "off", "--integration", bare,
-                              "--out", tmp_path / "bare", "--json")
-    (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
+    code, row, _ = cache_row_without_functor(run_cli, tmp_path, "zoo:pipe/dit", text)
     assert code == 1 and row["status"] == "error" and "has no attribute 'norm1'" in row["reasons"][0], row["reasons"]
 
 

@@ -1,10 +1,9 @@
 """`ditgate scaffold` on Hunyuan-DiT: U-shaped blocks whose loop hands a later block an earlier block's output (a
 skip stack inside the loop), which cache-dit's cached block list does not hand on."""
 
-import json
 
 import pytest
-from test_scaffold import report_rows
+from test_scaffold import cache_row_without_functor, report_rows
 
 from ditgate.inspect.model import BlockList, Param
 from ditgate.scaffold.loop import _functor
@@ -67,12 +66,7 @@ def test_hunyuandit_skip_stack_is_handed_on_by_the_functor(run_cli, tmp_path):
     assert rows["cache"]["status"] in ("passed", "inconclusive"), rows["cache"]["reasons"]
     assert rows["cache"]["verdict"]["cache_off"]["max_abs"] == 0.0
     assert rows["cp-ulysses-2"]["status"] == "passed" and rows["tp-2"]["status"] == "passed", stdout + err
-    bare = tmp_path / "hunyuandit_no_functor.py"
-    bare.write_text(text.replace(text[text.index(",\n                                  patch_functor="):
-                                      text.index("\n\n\ndef cp_plan")], ")"))
-    code, stdout, _ = run_cli("run", "zoo:pipe/hunyuandit", "--rows", "cache", "--twin", "off", "--integration", bare,
-                              "--out", tmp_path / "bare", "--json")
-    (row,) = [r for r in json.loads(stdout)["rows"] if r["name"] == "cache"]
+    code, row, _ = cache_row_without_functor(run_cli, tmp_path, "zoo:pipe/hunyuandit", text)
     assert code == 1 and row["status"] == "error" and "got NoneType" in row["reasons"][0], row["reasons"]
 
 

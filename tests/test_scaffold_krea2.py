@@ -3,7 +3,7 @@ blocks whose attention counts its heads in `num_heads` / `num_kv_heads` (grouped
 with a Linear of its own (`to_gate`)."""
 
 import pytest
-from test_scaffold import report_rows
+from test_scaffold import report_rows, scaffold_passing
 
 
 def _row(run_cli, plugin, row, out):
@@ -19,12 +19,7 @@ def test_head_counts_under_other_names_and_the_head_gate_are_sharded_with_the_he
     `to_out.0` (Rowwise) with the heads: tp-2 passes. On the survey the plugin divided `heads`, which Krea2Attention
     does not have ('no attribute heads' at apply); with `to_gate` kept whole (the rule for a chain whose second
     Linear is not Rowwise) the gate's whole width meets each rank's half of the heads and tp-2 fails."""
-    out = tmp_path / "plugin.py"
-    code, stdout, err = run_cli("scaffold", "zoo:pipe/krea2", "--out", out, "--rows", "tp-2",
-                                "--run-dir", tmp_path / "run")
-    assert code == 0, err + stdout
-    assert report_rows(tmp_path / "run")["tp-2"]["status"] == "passed"
-    text = out.read_text()
+    text = scaffold_passing(run_cli, tmp_path, "zoo:pipe/krea2", "tp-2")
     divided = '        shard_div_attr(block.attn, "num_heads", tp)\n        shard_div_attr(block.attn, "num_kv_heads", tp)\n'
     gate = ', "attn.to_gate": ColwiseParallel()'
     assert divided in text and gate in text and '"head_dim"' not in text, text
@@ -47,12 +42,7 @@ def test_attention_called_before_the_split_runs_whole_without_the_cp_config(run_
     attentions without it (local=True): cp-ulysses-2 passes. On the survey the plugin left them as they were, and
     Ulysses gathered the whole text from both ranks against a mask of one copy ('tensor a (464) must match the size
     of tensor b (232)'); the plugin without those lines fails the row again."""
-    out = tmp_path / "plugin.py"
-    code, stdout, err = run_cli("scaffold", "zoo:pipe/krea2", "--out", out, "--rows", "cp-ulysses-2",
-                                "--run-dir", tmp_path / "run")
-    assert code == 0, err + stdout
-    assert report_rows(tmp_path / "run")["cp-ulysses-2"]["status"] == "passed"
-    text = out.read_text()
+    text = scaffold_passing(run_cli, tmp_path, "zoo:pipe/krea2", "cp-ulysses-2")
     local = [f"    route_attention([transformer.get_submodule('text_fusion.{name}_blocks.0.attn')], local=True)\n"
              for name in ("layerwise", "refiner")]
     assert all(line in text for line in local) and "NOT HANDLED" not in text, text

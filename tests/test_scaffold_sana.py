@@ -2,7 +2,7 @@
 handed) before a convolution feed-forward, and a linear self-attention no attention kernel is seen in."""
 
 import pytest
-from test_scaffold import report_rows
+from test_scaffold import report_rows, scaffold_passing
 
 GATHER = "gather_grid(transformer, transformer.transformer_blocks, ('hidden_states',))"
 
@@ -27,12 +27,7 @@ def test_grid_blocks_run_on_the_gathered_stream_and_split_they_fail(run_cli, tmp
     survey's cp-ulysses-2 error: unflatten of 512 tokens into 32 x 32). Run on the gathered stream, where its linear
     attention also sees every key, cp-ulysses-2 passes; the plugin without `gather_grid` (the old
     plugin) fails the row."""
-    out = tmp_path / "plugin.py"
-    code, stdout, err = run_cli("scaffold", "zoo:pipe/sana", "--out", out, "--rows", "cp-ulysses-2",
-                                "--run-dir", tmp_path / "run")
-    assert code == 0, err + stdout
-    assert report_rows(tmp_path / "run")["cp-ulysses-2"]["status"] == "passed"
-    text = out.read_text()
+    text = scaffold_passing(run_cli, tmp_path, "zoo:pipe/sana", "cp-ulysses-2")
     assert GATHER in text, text
     plugin = tmp_path / "opposite.py"
     plugin.write_text(text.replace(GATHER, ""))  # the blocks run on each rank's share, as before
