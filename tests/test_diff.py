@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from two_ranks import run_on_two_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "tests" / "plugins"
@@ -261,28 +262,15 @@ def _record_on_two_ranks(rank, port, reference, result):
 def test_per_rank_tensor_on_two_ranks_is_not_compared_and_a_split_one_is_gathered():
     """On two gloo ranks: the recorder gathers a tensor split along one dimension and marks one that no such gather
     makes whole (a per-rank mask) as per rank; the comparison lists the mask as not compared and never as diverged."""
-    import multiprocessing
-    import socket
-
     import torch
 
     from ditgate.run.diff.divergence import compare_summaries, summarize
 
     base = {"t.attn:attention_mask": summarize(torch.ones(1, 1, 12, 12)),
             "t.proj": summarize(torch.arange(12.0).reshape(1, 12, 1))}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Manager() as manager:
-        result = manager.dict()
-        procs = [ctx.Process(target=_record_on_two_ranks, args=(r, port, base, result)) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(60)
-        assert all(p.exitcode == 0 for p in procs)
-        cand, notes = dict(result["summaries"]), dict(result["notes"])
+    result, exits = run_on_two_ranks(_record_on_two_ranks, (base,), 60)
+    assert all(code == 0 for code in exits)
+    cand, notes = dict(result["summaries"]), dict(result["notes"])
     assert cand["t.attn:attention_mask"]["per_rank"] and notes["t.attn:attention_mask"].startswith("per rank")
     assert notes["t.proj"] == "concatenated along dim 1"
     lines = compare_summaries(base, cand, 1e-4)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from test_scaffold import report_rows
+from two_ranks import run_on_two_ranks
 
 STAND_INS = Path(__file__).parent / "stand_ins"
 
@@ -209,22 +210,7 @@ def _tp_on_two_ranks(rank, port, kv_heads, gate, plan, divide, result):
 
 
 def _run_plan(kv_heads, gate, plan, divide) -> dict:
-    import multiprocessing
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Manager() as manager:
-        result = manager.dict()
-        procs = [ctx.Process(target=_tp_on_two_ranks, args=(r, port, kv_heads, gate, plan, divide, result))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(120)
-        return dict(result)
+    return run_on_two_ranks(_tp_on_two_ranks, (kv_heads, gate, plan, divide), 120)[0]
 
 
 @pytest.mark.full
